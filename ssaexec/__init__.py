@@ -1,0 +1,34 @@
+"""ssaexec: an SSA-graph out-of-order executor for data-parallel training on PyTorch.
+
+Describe a program with the builder (``se.layers``, ``se.optimizer``), run it
+with ``se.Executor`` (sequential reference) or ``se.ParallelExecutor`` (one
+replica per place, gradients all-reduced, ops scheduled as soon as ready).
+"""
+
+from .errors import DistributedError, FeedError, GraphError, OpError, ProgramError, SSAExecError
+from .program.desc import BlockDesc, BlockRef, OpDesc, Program, ProgramDesc, VarDesc
+from .program.builder import default_main_program, default_startup_program, program_guard
+from .program import layers, initializer, optimizer
+from .program.backward import append_backward
+from .runtime.place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
+from .runtime.scope import Scope, global_scope, scope_guard
+from .executor import Executor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SSAExecError", "ProgramError", "OpError", "FeedError", "GraphError", "DistributedError",
+    "Program", "ProgramDesc", "BlockDesc", "VarDesc", "OpDesc", "BlockRef",
+    "default_main_program", "default_startup_program", "program_guard",
+    "layers", "initializer", "optimizer", "append_backward",
+    "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
+    "Scope", "global_scope", "scope_guard", "Executor",
+]
+
+
+def __getattr__(name):
+    # Modules written by later layers are imported lazily so `import ssaexec` stays light.
+    if name in ("save_program", "load_program"):
+        from .program import io
+        return getattr(io, name)
+    raise AttributeError(f"module 'ssaexec' has no attribute {name!r}")

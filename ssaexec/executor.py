@@ -1,0 +1,130 @@
+"""The sequential ``Executor``: runs a program's ops one by one in program order.
+
+It is the reference every parallel result is checked against, so it stays
+simple: no threads, no graph. Per (program version, fetch list) it compiles a
+plan once: the ``OpCall`` of every op and, for each op, the non-persistable
+vars whose last reader it is; those are dropped from the scope right after,
+so peak memory follows the live set as in eager PyTorch. Fetched values are
+returned as CPU tensors detached from the scope (later runs may update
+parameters in place).
+"""
+
+import weakref
+
+from .errors import FeedError, SSAExecError
+from .feed import check_feed
+from .program.desc import Program
+from .runtime.op_call import OpCall
+from .runtime.place import CPUPlace
+from .runtime.scope import global_scope
+
+__all__ = ["Executor", "fetch_names"]
+
+
+def fetch_names(fetch_list):
+    """Normalise a fetch list of names or vars to a tuple of names."""
+    if fetch_list is None:
+        return ()
+    if isinstance(fetch_list, (str,)) or hasattr(fetch_list, "name"):
+        fetch_list = [fetch_list]
+    return tuple(f if isinstance(f, str) else f.name for f in fetch_list)
+
+
+class _Plan:
+    __slots__ = ("calls", "free_after", "data_read")
+
+    def __init__(self, program, fetch, device):
+        block = program.global_block()
+        self.calls = [OpCall(op, i, program, device) for i, op in enumerate(block.ops)]
+        last = {}
+        for i, op in enumerate(block.ops):
+            for n in op.input_names():
+                last[n] = i
+            for n in op.output_names():
+                last.setdefault(n, i)
+        keep = set(fetch)
+        free = [[] for _ in block.ops]
+        for n, i in last.items():
+            var = block.find_var(n)
+            if var is not None and not var.persistable and n not in keep:
+                free[i].append(n)
+        self.free_after = [tuple(f) for f in free]
+        read = {n for op in block.ops for n in op.input_names()}
+        self.data_read = [v.name for v in program.data_vars() if v.name in read]
+
+
+class Executor:
+    """Run programs sequentially on one place.
+
+    Parameters
+    ----------
+    place : Place, optional
+        Where tensors live (default ``CPUPlace(0)``).
+    """
+
+    def __init__(self, place=None):
+        self.place = place or CPUPlace(0)
+        self._plans = {}  # id(program) -> (weakref, version, fetch, plan)
+
+    def _plan(self, program, fetch):
+        # Keyed by identity: programs compare by value, which is too slow for a cache.
+        entry = self._plans.get(id(program))
+        if entry is not None and entry[0]() is program and entry[1:3] == (program._version,
+                                                                           fetch):
+            return entry[3]
+        plan = _Plan(program, fetch, self.place.device)
+        self._plans = {k: v for k, v in self._plans.items() if v[0]() is not None}
+        self._plans[id(program)] = (weakref.ref(program), program._version, fetch, plan)
+        return plan
+
+    def run(self, program=None, feed=None, fetch_list=None, scope=None, return_numpy=False):
+        """Run ``program`` once.
+
+        Parameters
+        ----------
+        program : Program, optional
+            Default: the default main program.
+        feed : dict, optional
+            Data var name -> tensor, NumPy array or list.
+        fetch_list : list of str or VarDesc, optional
+            Vars whose values to return.
+        scope : Scope, optional
+            Default: ``se.global_scope()``.
+        return_numpy : bool
+            Return NumPy arrays instead of CPU tensors.
+
+        Returns
+        -------
+        list
+            One value per fetched var, in ``fetch_list`` order.
+        """
+        if program is None:
+            from .program.builder import default_main_program
+            program = default_main_program()
+        if not isinstance(program, Program):
+            raise SSAExecError(f"Executor.run expects a Program, got {type(program).__name__}")
+        scope = scope if scope is not None else global_scope()
+        fetch = fetch_names(fetch_list)
+        plan = self._plan(program, fetch)
+        feeds = check_feed(program, feed)
+        missing = [n for n in plan.data_read if n not in feeds and scope.find_var(n) is None]
+        if missing:
+            var = program.global_block().var(missing[0])
+            raise FeedError(f"data var {missing[0]!r} was not fed (expected shape {var.shape}, "
+                            f"dtype {var.dtype})")
+        device = self.place.device
+        for n, t in feeds.items():
+            scope.set_var(n, t.to(device, non_blocking=True))
+        for call, free in zip(plan.calls, plan.free_after, strict=True):
+            call.run(scope, self.place)
+            for n in free:
+                scope.erase(n)
+        out = []
+        for n in fetch:
+            t = scope.find_var(n)
+            if t is None:
+                raise SSAExecError(f"fetch var {n!r} has no value after the run; is it written "
+                                   "by the program?")
+            t = t.detach().to("cpu", copy=True)
+            out.append(t.numpy() if return_numpy else t)
+        return out

@@ -1,0 +1,177 @@
+"""Example models built with the builder API.
+
+Each ``build_*`` function returns ``(main, startup, loss_name)`` for a training
+program (forward, backward and optimizer). Used by the demo, the CLI examples,
+the tests and the benchmark harness, so everyone trains the same models.
+"""
+
+from .program import layers as L
+from .program import optimizer as opt
+from .program.builder import program_guard
+from .program.desc import Program
+
+__all__ = ["build_uci_housing", "build_seed_mlp", "build_mlp", "build_cnn", "build_resnet",
+           "make_optimizer", "MODELS", "build_model"]
+
+
+def make_optimizer(name="sgd", learning_rate=0.01, **kw):
+    """An optimizer by name: sgd, momentum, nesterov, adam or adamw."""
+    name = name.lower()
+    if name == "sgd":
+        return opt.SGD(learning_rate, **kw)
+    if name == "momentum":
+        return opt.Momentum(learning_rate, **kw)
+    if name == "nesterov":
+        return opt.Momentum(learning_rate, use_nesterov=True, **kw)
+    if name == "adam":
+        return opt.Adam(learning_rate, **kw)
+    if name == "adamw":
+        return opt.AdamW(learning_rate, **kw)
+    raise ValueError(f"unknown optimizer {name!r}: use sgd, momentum, nesterov, adam or adamw")
+
+
+def _finish(main, startup, loss, optimizer):
+    with program_guard(main, startup):
+        (optimizer or opt.SGD(0.01)).minimize(loss)
+    return main, startup, loss.name
+
+
+def build_uci_housing(dtype="float32", optimizer=None, seed=0):
+    """The uci_housing linear regression: fc(13 -> 1) with squared error."""
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        x = L.data("x", [-1, 13], dtype)
+        y = L.data("y", [-1, 1], dtype)
+        pred = L.fc(x, 1)
+        loss = L.mean(L.square_error_cost(pred, y))
+    return _finish(main, startup, loss, optimizer)
+
+
+def build_seed_mlp(dtype="float32", optimizer=None, seed=0, in_dim=784, hidden=100,
+                   classes=10):
+    """The seed document's program: softmax(fc(fc(x))) with cross entropy, SGD."""
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        x = L.data("x", [-1, in_dim], dtype)
+        label = L.data("label", [-1, 1], "int64")
+        h = L.fc(x, hidden)
+        prob = L.fc(h, classes, act="softmax")
+        loss = L.mean(L.cross_entropy(prob, label))
+    return _finish(main, startup, loss, optimizer)
+
+
+def build_mlp(dtype="float32", optimizer=None, seed=0, in_dim=784, hidden=(128, 64),
+              classes=10):
+    """An MLP on MNIST-shaped data: fc-relu layers and softmax cross entropy."""
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        x = L.data("img", [-1, in_dim], dtype)
+        label = L.data("label", [-1, 1], "int64")
+        h = x
+        for size in hidden:
+            h = L.fc(h, size, act="relu")
+        logits = L.fc(h, classes)
+        loss = L.mean(L.softmax_with_cross_entropy(logits, label))
+    return _finish(main, startup, loss, optimizer)
+
+
+def build_cnn(dtype="float32", optimizer=None, seed=0, channels=1, size=28, classes=10,
+              filters=(8, 16), batch_norm=True):
+    """A small CNN: [conv-bn-relu-pool] x len(filters), then fc; MNIST-shaped by default."""
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        x = L.data("img", [-1, channels, size, size], dtype)
+        label = L.data("label", [-1, 1], "int64")
+        h = x
+        for f in filters:
+            h = L.conv2d(h, f, 3, padding=1, bias_attr=not batch_norm)
+            if batch_norm:
+                h = L.batch_norm(h)
+            h = L.relu(h)
+            h = L.pool2d(h, 2, "max", pool_stride=2)
+        logits = L.fc(h, classes)
+        loss = L.mean(L.softmax_with_cross_entropy(logits, label))
+    return _finish(main, startup, loss, optimizer)
+
+
+_RESNET_BLOCKS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),
+                  50: ("bottleneck", [3, 4, 6, 3]), 101: ("bottleneck", [3, 4, 23, 3]),
+                  152: ("bottleneck", [3, 8, 36, 3])}
+
+
+def _conv_bn(x, filters, k, stride=1, groups=1, act="relu"):
+    h = L.conv2d(x, filters, k, stride=stride, padding=(k - 1) // 2, groups=groups,
+                 bias_attr=False)
+    return L.batch_norm(h, act=act)
+
+
+def _shortcut(x, filters, stride):
+    if x.shape[1] != filters or stride != 1:
+        return _conv_bn(x, filters, 1, stride, act=None)
+    return x
+
+
+def _basic_block(x, filters, stride, cardinality, width):
+    h = _conv_bn(x, filters, 3, stride)
+    h = _conv_bn(h, filters, 3, act=None)
+    return L.elementwise_add(h, _shortcut(x, filters, stride), act="relu")
+
+
+def _bottleneck(x, filters, stride, cardinality, width):
+    inner = filters if cardinality == 1 else cardinality * width * filters // 64
+    h = _conv_bn(x, inner, 1)
+    h = _conv_bn(h, inner, 3, stride, groups=cardinality)
+    h = _conv_bn(h, filters * 4, 1, act=None)
+    return L.elementwise_add(h, _shortcut(x, filters * 4, stride), act="relu")
+
+
+def build_resnet(depth=18, image_size=32, classes=10, dtype="float32", optimizer=None, seed=0,
+                 cardinality=1, width=4, base=64):
+    """ResNet (depth 18/34/50/101/152) or ResNeXt (``cardinality`` > 1, bottleneck only).
+
+    ``image_size`` 32 uses the CIFAR stem (3x3 conv, no pooling); larger sizes
+    use the ImageNet stem (7x7 stride-2 conv and 3x3 max pool).
+    """
+    if depth not in _RESNET_BLOCKS:
+        raise ValueError(f"depth must be one of {sorted(_RESNET_BLOCKS)}, got {depth}")
+    kind, counts = _RESNET_BLOCKS[depth]
+    if cardinality > 1 and kind != "bottleneck":
+        raise ValueError("ResNeXt needs a bottleneck depth (50, 101, 152)")
+    block = _basic_block if kind == "basic" else _bottleneck
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        x = L.data("img", [-1, 3, image_size, image_size], dtype)
+        label = L.data("label", [-1, 1], "int64")
+        if image_size <= 64:
+            h = _conv_bn(x, base, 3)
+        else:
+            h = _conv_bn(x, base, 7, stride=2)
+            h = L.pool2d(h, 3, "max", pool_stride=2, pool_padding=1)
+        for stage, n in enumerate(counts):
+            filters = base * (2 ** stage)
+            for i in range(n):
+                stride = 2 if stage > 0 and i == 0 else 1
+                h = block(h, filters, stride, cardinality, width)
+        h = L.pool2d(h, pool_type="avg", global_pooling=True)
+        logits = L.fc(h, classes)
+        loss = L.mean(L.softmax_with_cross_entropy(logits, label))
+    return _finish(main, startup, loss, optimizer)
+
+
+MODELS = {
+    "uci_housing": build_uci_housing,
+    "seed_mlp": build_seed_mlp,
+    "mlp": build_mlp,
+    "cnn": build_cnn,
+    "resnet18": lambda **kw: build_resnet(18, **kw),
+    "resnet50": lambda **kw: build_resnet(50, **kw),
+    "resnext50": lambda **kw: build_resnet(50, cardinality=32, width=4, **kw),
+}
+
+
+def build_model(name, **kw):
+    """Build a model from ``MODELS`` by name."""
+    try:
+        return MODELS[name](**kw)
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}") from None

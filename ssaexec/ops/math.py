@@ -1,0 +1,229 @@
+"""Math ops: matrix products, broadcasting elementwise ops, reductions, activations.
+
+Elementwise ops follow Paddle's broadcasting rule: when ``axis`` is -1 the
+shapes broadcast as in NumPy; otherwise ``Y``'s dimensions line up with ``X``'s
+starting at ``axis``. Gradients reduce back to each operand's shape.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .registry import register_grad, register_op
+
+_F = "float"
+
+
+def _align_y(x, y, axis):
+    """Reshape ``y`` so plain torch broadcasting gives Paddle's ``axis`` semantics."""
+    if axis == -1 or y.dim() == x.dim():
+        return y
+    trailing = x.dim() - axis - y.dim()
+    if trailing < 0:
+        raise ValueError(f"axis={axis} does not fit X of rank {x.dim()} and Y of rank {y.dim()}")
+    return y.reshape(list(y.shape) + [1] * trailing)
+
+
+def _sum_to(g, shape):
+    if tuple(g.shape) == tuple(shape):
+        return g
+    extra = g.dim() - len(shape)
+    if extra > 0:
+        g = g.sum(dim=tuple(range(extra)))
+    return g.sum_to_size(shape)
+
+
+_EW_ATTRS = {"axis": ("int", -1)}
+
+
+def _elementwise(name, fn):
+    def kernel(ins, attrs):
+        x, y = ins["X"], ins["Y"]
+        return {"Out": fn(x, _align_y(x, y, attrs["axis"]))}
+    kernel.__doc__ = f"Out = {name[12:]}(X, Y), broadcasting Y along ``axis``."
+    return register_op(name, ["X", "Y"], ["Out"], _EW_ATTRS)(kernel)
+
+
+_elementwise("elementwise_add", torch.add)
+_elementwise("elementwise_sub", torch.sub)
+_elementwise("elementwise_mul", torch.mul)
+_elementwise("elementwise_div", torch.div)
+_elementwise("elementwise_max", torch.maximum)
+_elementwise("elementwise_min", torch.minimum)
+_elementwise("elementwise_pow", torch.pow)
+
+
+def _add_sub_grad(sign):
+    def grad(ins, attrs, wanted):
+        x, y, g = ins["X"], ins["Y"], ins["Out@GRAD"]
+        out = {}
+        if wanted.get("X@GRAD", [False])[0]:
+            out["X@GRAD"] = _sum_to(g, x.shape)
+        if wanted.get("Y@GRAD", [False])[0]:
+            y_al = _align_y(x, y, attrs["axis"])
+            gy = _sum_to(g, y_al.shape).reshape(y.shape)
+            out["Y@GRAD"] = gy if sign > 0 else -gy
+        return out
+    return grad
+
+
+register_grad("elementwise_add", uses=["X", "Y"])(_add_sub_grad(1))
+register_grad("elementwise_sub", uses=["X", "Y"])(_add_sub_grad(-1))
+
+
+def _flatten2(t, num_col_dims):
+    rows = 1
+    for d in t.shape[:num_col_dims]:
+        rows *= d
+    return t.reshape(rows, -1)
+
+
+_MUL_ATTRS = {"x_num_col_dims": ("int", 1), "y_num_col_dims": ("int", 1)}
+
+
+@register_op("mul", ["X", "Y"], ["Out"], _MUL_ATTRS)
+def mul(ins, attrs):
+    """Out = flatten(X) @ flatten(Y), Paddle's fully-connected product."""
+    x, y = ins["X"], ins["Y"]
+    xn, yn = attrs["x_num_col_dims"], attrs["y_num_col_dims"]
+    out = _flatten2(x, xn) @ _flatten2(y, yn)
+    return {"Out": out.reshape(list(x.shape[:xn]) + list(y.shape[yn:]))}
+
+
+@register_grad("mul", uses=["X", "Y"])
+def mul_grad(ins, attrs, wanted):
+    x, y, g = ins["X"], ins["Y"], ins["Out@GRAD"]
+    xn, yn = attrs["x_num_col_dims"], attrs["y_num_col_dims"]
+    x2, y2 = _flatten2(x, xn), _flatten2(y, yn)
+    g2 = g.reshape(x2.shape[0], y2.shape[1])
+    out = {}
+    if wanted.get("X@GRAD", [False])[0]:
+        out["X@GRAD"] = (g2 @ y2.t()).reshape(x.shape)
+    if wanted.get("Y@GRAD", [False])[0]:
+        out["Y@GRAD"] = (x2.t() @ g2).reshape(y.shape)
+    return out
+
+
+_MATMUL_ATTRS = {"transpose_X": ("bool", False), "transpose_Y": ("bool", False),
+                 "alpha": ("float", 1.0)}
+
+
+def _t(a, flag):
+    return a.transpose(-1, -2) if flag and a.dim() >= 2 else a
+
+
+@register_op("matmul", ["X", "Y"], ["Out"], _MATMUL_ATTRS)
+def matmul(ins, attrs):
+    """Out = alpha * op(X) @ op(Y) with optional transposes; batched like torch.matmul."""
+    out = torch.matmul(_t(ins["X"], attrs["transpose_X"]), _t(ins["Y"], attrs["transpose_Y"]))
+    if attrs["alpha"] != 1.0:
+        out = out * attrs["alpha"]
+    return {"Out": out}
+
+
+@register_grad("matmul", uses=["X", "Y"])
+def matmul_grad(ins, attrs, wanted):
+    x, y, g = ins["X"], ins["Y"], ins["Out@GRAD"]
+    tx, ty = attrs["transpose_X"], attrs["transpose_Y"]
+    if attrs["alpha"] != 1.0:
+        g = g * attrs["alpha"]
+    if x.dim() < 2 or y.dim() < 2:
+        # vector cases: let autograd work out the shapes
+        with torch.enable_grad():
+            xr = x.detach().requires_grad_()
+            yr = y.detach().requires_grad_()
+            o = torch.matmul(_t(xr, tx), _t(yr, ty))
+            gx, gy = torch.autograd.grad(o, (xr, yr), g)
+        return {"X@GRAD": gx, "Y@GRAD": gy}
+    a, b = _t(x, tx), _t(y, ty)
+    out = {}
+    if wanted.get("X@GRAD", [False])[0]:
+        ga = torch.matmul(g, b.transpose(-1, -2))
+        out["X@GRAD"] = _sum_to(_t(ga, tx), x.shape)
+    if wanted.get("Y@GRAD", [False])[0]:
+        gb = torch.matmul(a.transpose(-1, -2), g)
+        out["Y@GRAD"] = _sum_to(_t(gb, ty), y.shape)
+    return out
+
+
+@register_op("scale", ["X"], ["Out"], {"scale": (_F, 1.0), "bias": (_F, 0.0),
+                                        "bias_after_scale": ("bool", True)})
+def scale(ins, attrs):
+    """Out = scale * X + bias (or scale * (X + bias))."""
+    x, s, b = ins["X"], attrs["scale"], attrs["bias"]
+    out = x * s + b if attrs["bias_after_scale"] else (x + b) * s
+    return {"Out": out}
+
+
+@register_op("sum", ["X*"], ["Out"])
+def sum_(ins, attrs):
+    """Out = X[0] + X[1] + ... (gradient accumulation)."""
+    xs = ins["X"]
+    out = xs[0].clone() if len(xs) == 1 else torch.add(xs[0], xs[1])
+    for t in xs[2:]:
+        out.add_(t)
+    return {"Out": out}
+
+
+@register_op("mean", ["X"], ["Out"])
+def mean(ins, attrs):
+    """Out = mean of all elements of X (a scalar of shape [])."""
+    return {"Out": ins["X"].mean()}
+
+
+_REDUCE_ATTRS = {"dim": ("ints", [0]), "keep_dim": ("bool", False), "reduce_all": ("bool", False)}
+
+
+def _reduce(name, fn):
+    def kernel(ins, attrs):
+        x = ins["X"]
+        if attrs["reduce_all"]:
+            out = fn(x)
+            return {"Out": out.reshape([1] * x.dim()) if attrs["keep_dim"] else out}
+        return {"Out": fn(x, dim=attrs["dim"], keepdim=attrs["keep_dim"])}
+    kernel.__doc__ = f"Out = {name[7:]} of X over ``dim`` (or everything with ``reduce_all``)."
+    return register_op(name, ["X"], ["Out"], _REDUCE_ATTRS)(kernel)
+
+
+_reduce("reduce_sum", torch.sum)
+_reduce("reduce_mean", torch.mean)
+_reduce("reduce_max", torch.amax)
+
+
+def _unary(name, fn, doc):
+    def kernel(ins, attrs):
+        return {"Out": fn(ins["X"])}
+    kernel.__doc__ = doc
+    return register_op(name, ["X"], ["Out"])(kernel)
+
+
+_unary("relu", torch.relu, "Out = max(X, 0).")
+_unary("sigmoid", torch.sigmoid, "Out = 1 / (1 + exp(-X)).")
+_unary("tanh", torch.tanh, "Out = tanh(X).")
+_unary("exp", torch.exp, "Out = exp(X).")
+_unary("log", torch.log, "Out = log(X).")
+_unary("sqrt", torch.sqrt, "Out = sqrt(X).")
+_unary("square", torch.square, "Out = X * X.")
+_unary("abs", torch.abs, "Out = |X|.")
+
+
+@register_grad("relu", uses=["Out"])
+def relu_grad(ins, attrs, wanted):
+    return {"X@GRAD": torch.ops.aten.threshold_backward(ins["Out@GRAD"], ins["Out"], 0)}
+
+
+@register_op("gelu", ["X"], ["Out"], {"approximate": ("bool", False)})
+def gelu(ins, attrs):
+    """Out = GELU(X), exact or tanh-approximated."""
+    return {"Out": F.gelu(ins["X"], approximate="tanh" if attrs["approximate"] else "none")}
+
+
+@register_op("softmax", ["X"], ["Out"], {"axis": ("int", -1)})
+def softmax(ins, attrs):
+    """Out = softmax(X) along ``axis``."""
+    return {"Out": torch.softmax(ins["X"], attrs["axis"])}
+
+
+@register_op("log_softmax", ["X"], ["Out"], {"axis": ("int", -1)})
+def log_softmax(ins, attrs):
+    """Out = log(softmax(X)) along ``axis``."""
+    return {"Out": torch.log_softmax(ins["X"], attrs["axis"])}

@@ -1,0 +1,150 @@
+"""Neural-network ops: conv2d, batch_norm, pool2d, layer_norm, dropout, lookup_table.
+
+Layouts are NCHW. ``batch_norm`` follows Paddle's momentum convention
+(running = momentum * running + (1 - momentum) * batch) and updates the
+running statistics through its ``MeanOut``/``VarianceOut`` outputs, which name
+the same vars as its ``Mean``/``Variance`` inputs. The running variance uses
+the unbiased batch variance, as torch does.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .registry import register_grad, register_op
+
+_CONV_ATTRS = {"strides": ("ints", [1, 1]), "paddings": ("ints", [0, 0]),
+               "dilations": ("ints", [1, 1]), "groups": ("int", 1)}
+
+
+def _pair(v):
+    return list(v) * 2 if len(v) == 1 else list(v)
+
+
+@register_op("conv2d", ["Input", "Filter"], ["Output"], _CONV_ATTRS)
+def conv2d(ins, attrs):
+    """Output = 2-D convolution of Input (NCHW) with Filter (OIHW), no bias."""
+    return {"Output": F.conv2d(ins["Input"], ins["Filter"], None, _pair(attrs["strides"]),
+                               _pair(attrs["paddings"]), _pair(attrs["dilations"]),
+                               attrs["groups"])}
+
+
+@register_grad("conv2d", uses=["Input", "Filter"])
+def conv2d_grad(ins, attrs, wanted):
+    x, w, g = ins["Input"], ins["Filter"], ins["Output@GRAD"]
+    mask = [wanted.get("Input@GRAD", [False])[0], wanted.get("Filter@GRAD", [False])[0], False]
+    gx, gw, _ = torch.ops.aten.convolution_backward(
+        g, x, w, None, _pair(attrs["strides"]), _pair(attrs["paddings"]),
+        _pair(attrs["dilations"]), False, [0, 0], attrs["groups"], mask)
+    out = {}
+    if mask[0]:
+        out["Input@GRAD"] = gx
+    if mask[1]:
+        out["Filter@GRAD"] = gw
+    return out
+
+
+_BN_ATTRS = {"momentum": ("float", 0.9), "epsilon": ("float", 1e-5), "is_test": ("bool", False),
+             "use_global_stats": ("bool", False), "data_layout": ("str", "NCHW")}
+
+
+@register_op("batch_norm", ["X", "Scale", "Bias", "Mean!", "Variance!"],
+             ["Y", "MeanOut!", "VarianceOut!", "SavedMean!", "SavedVariance!"], _BN_ATTRS)
+def batch_norm(ins, attrs):
+    """Y = batch-normalised X; training mode also updates the running statistics."""
+    x = ins["X"]
+    training = not (attrs["is_test"] or attrs["use_global_stats"])
+    mean, var = ins["Mean"], ins["Variance"]
+    if training:
+        mean, var = mean.clone(), var.clone()
+    y, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
+        x, ins["Scale"], ins["Bias"], mean, var, training, 1.0 - attrs["momentum"],
+        attrs["epsilon"])
+    return {"Y": y, "MeanOut": mean, "VarianceOut": var, "SavedMean": saved_mean,
+            "SavedVariance": saved_invstd}
+
+
+@register_grad("batch_norm", uses=["X", "Scale", "Mean", "Variance", "SavedMean",
+                                   "SavedVariance"])
+def batch_norm_grad(ins, attrs, wanted):
+    training = not (attrs["is_test"] or attrs["use_global_stats"])
+    mask = [wanted.get(k, [False])[0] for k in ("X@GRAD", "Scale@GRAD", "Bias@GRAD")]
+    gx, gs, gb = torch.ops.aten.native_batch_norm_backward(
+        ins["Y@GRAD"], ins["X"], ins["Scale"], ins["Mean"], ins["Variance"], ins["SavedMean"],
+        ins["SavedVariance"], training, attrs["epsilon"], mask)
+    return {k: v for k, v, m in zip(("X@GRAD", "Scale@GRAD", "Bias@GRAD"), (gx, gs, gb), mask,
+                                   strict=True) if m}
+
+
+_POOL_ATTRS = {"pooling_type": ("str", "max"), "ksize": ("ints", [2, 2]),
+               "strides": ("ints", [1, 1]), "paddings": ("ints", [0, 0]),
+               "global_pooling": ("bool", False), "ceil_mode": ("bool", False),
+               "exclusive": ("bool", True)}
+
+
+@register_op("pool2d", ["X"], ["Out"], _POOL_ATTRS)
+def pool2d(ins, attrs):
+    """Out = max or average pooling of X (NCHW); ``global_pooling`` pools to 1x1."""
+    x = ins["X"]
+    kind = attrs["pooling_type"]
+    if kind not in ("max", "avg"):
+        raise ValueError(f"pooling_type must be 'max' or 'avg', got {kind!r}")
+    if attrs["global_pooling"]:
+        out = x.amax(dim=(2, 3), keepdim=True) if kind == "max" else x.mean(dim=(2, 3),
+                                                                           keepdim=True)
+        return {"Out": out}
+    k, s, p = _pair(attrs["ksize"]), _pair(attrs["strides"]), _pair(attrs["paddings"])
+    if kind == "max":
+        out = F.max_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"])
+    else:
+        out = F.avg_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"],
+                           count_include_pad=not attrs["exclusive"])
+    return {"Out": out}
+
+
+@register_op("layer_norm", ["X", "Scale?", "Bias?"], ["Y"],
+             {"begin_norm_axis": ("int", 1), "epsilon": ("float", 1e-5)})
+def layer_norm(ins, attrs):
+    """Y = X normalised over dims from ``begin_norm_axis`` on, then scaled and shifted."""
+    x = ins["X"]
+    shape = list(x.shape[attrs["begin_norm_axis"]:])
+    scale, bias = ins.get("Scale"), ins.get("Bias")
+    scale = None if scale is None else scale.reshape(shape)
+    bias = None if bias is None else bias.reshape(shape)
+    return {"Y": F.layer_norm(x, shape, scale, bias, attrs["epsilon"])}
+
+
+def _generator(seed, device):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+@register_op("dropout", ["X"], ["Out", "Mask!"],
+             {"dropout_prob": ("float", 0.5), "is_test": ("bool", False), "seed": ("int", 0)},
+             is_random=True)
+def dropout(ins, attrs):
+    """Out = X * Mask / (1 - p) (upscale in train); a non-zero ``seed`` fixes the mask."""
+    x, p = ins["X"], attrs["dropout_prob"]
+    if attrs["is_test"] or p == 0.0:
+        return {"Out": x.clone(), "Mask": torch.ones_like(x, dtype=torch.uint8)}
+    if x.device.type == "meta":
+        return {"Out": torch.empty_like(x), "Mask": torch.empty_like(x, dtype=torch.uint8)}
+    gen = _generator(attrs["seed"], x.device) if attrs["seed"] else None
+    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= p
+    mask = keep.to(torch.uint8)
+    return {"Out": x * keep.to(x.dtype) / (1.0 - p), "Mask": mask}
+
+
+@register_grad("dropout", uses=["Mask"])
+def dropout_grad(ins, attrs, wanted):
+    g, p = ins["Out@GRAD"], attrs["dropout_prob"]
+    if attrs["is_test"] or p == 0.0:
+        return {"X@GRAD": g}
+    return {"X@GRAD": g * ins["Mask"].to(g.dtype) / (1.0 - p)}
+
+
+@register_op("lookup_table", ["W", "Ids!"], ["Out"], {"padding_idx": ("int", -1)})
+def lookup_table(ins, attrs):
+    """Out = rows of W picked by Ids (embedding); rows at ``padding_idx`` get no gradient."""
+    pad = attrs["padding_idx"]
+    return {"Out": F.embedding(ins["Ids"], ins["W"], padding_idx=None if pad < 0 else pad)}

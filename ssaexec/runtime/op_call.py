@@ -1,0 +1,131 @@
+"""``OpCall``: one program op bound to its kernel, ready to run against a scope.
+
+Compiled once per (op, place) so the hot path does no registry lookups and no
+attribute defaulting: it gathers input tensors by name, calls the kernel and
+binds the outputs. Shared by the sequential ``Executor`` and the SSA graph's
+computation handles, so both run ops identically. Failures become ``OpError``
+naming the op, its index, the place and the input shapes, with the cause chained.
+"""
+
+import torch
+
+from ..errors import OpError, SSAExecError
+from ..ops.registry import get_op_def
+from ..program.desc import EMPTY_VAR
+
+__all__ = ["OpCall", "BlockContext"]
+
+
+class BlockContext:
+    """What a control op's kernel gets: its ``op`` and ``run_block(idx, env)``."""
+
+    __slots__ = ("op", "run_block")
+
+    def __init__(self, op, run_block):
+        self.op = op
+        self.run_block = run_block
+
+
+class _EnvScope:
+    # A scope view for sub-blocks: reads env first, then the outer scope; writes env.
+    __slots__ = ("env", "outer")
+
+    def __init__(self, env, outer):
+        self.env, self.outer = env, outer
+
+    def find_var(self, name):
+        t = self.env.get(name)
+        return t if t is not None else self.outer.find_var(name)
+
+    def set_var(self, name, tensor):
+        self.env[name] = tensor
+
+
+class OpCall:
+    """A compiled op: kernel, input/output names per slot and completed attributes."""
+
+    __slots__ = ("op", "op_def", "index", "attrs", "in_slots", "out_slots", "wanted", "kernel",
+                 "mode", "creates", "program", "device", "label")
+
+    def __init__(self, op, index=None, program=None, device=None):
+        self.op = op
+        self.op_def = od = get_op_def(op.type)
+        self.index = index
+        self.attrs = od.full_attrs(op.attrs)
+        self.in_slots = tuple((s.name, tuple(op.input(s.name)), s.duplicable)
+                              for s in od.inputs if s.name in op.inputs)
+        self.out_slots = tuple((s.name, tuple(op.output(s.name)), s.duplicable)
+                               for s in od.outputs if s.name in op.outputs)
+        self.wanted = {s: [n != EMPTY_VAR for n in names] for s, names, _ in self.out_slots}
+        self.kernel = od.kernel
+        self.mode = "control" if od.is_control else ("grad" if od.wants_mask else "plain")
+        # ops with no tensor inputs build on the CPU; move results to the place
+        self.creates = not any(names for _, names, _ in self.in_slots)
+        self.program = program
+        self.device = device
+        self.label = f"op #{index} '{op.type}'" if index is not None else f"op '{op.type}'"
+
+    def run(self, scope, place=None):
+        """Run against ``scope`` (anything with find_var/set_var)."""
+        ins = {}
+        find = scope.find_var
+        for slot, names, dup in self.in_slots:
+            if dup:
+                vals = [find(n) for n in names]
+                if None in vals:
+                    self._missing(names[vals.index(None)], place)
+                ins[slot] = vals
+            else:
+                v = find(names[0])
+                if v is None:
+                    self._missing(names[0], place)
+                ins[slot] = v
+        try:
+            if self.mode == "plain":
+                outs = self.kernel(ins, self.attrs)
+            elif self.mode == "grad":
+                outs = self.kernel(ins, self.attrs, self.wanted)
+            else:
+                outs = self.kernel(ins, self.attrs, BlockContext(
+                    self.op, lambda idx, env: self._run_block(idx, env, scope, place)))
+        except SSAExecError:
+            raise
+        except Exception as e:
+            raise self.error(e, ins, place) from e
+        setv = scope.set_var
+        move = self.creates and self.device is not None and self.device.type != "cpu"
+        for slot, names, dup in self.out_slots:
+            val = outs.get(slot)
+            if val is None:
+                continue
+            if dup:
+                for n, v in zip(names, val, strict=True):
+                    if n != EMPTY_VAR and v is not None:
+                        setv(n, v.to(self.device) if move else v)
+            elif names[0] != EMPTY_VAR:
+                setv(names[0], val.to(self.device) if move else val)
+
+    def _run_block(self, idx, env, scope, place):
+        block = self.program.block(idx)
+        view = _EnvScope(env, scope)
+        for i, op in enumerate(block.ops):
+            OpCall(op, i, self.program, self.device).run(view, place)
+        return env
+
+    def _missing(self, name, place):
+        where = f" on {place}" if place is not None else ""
+        raise OpError(f"While executing {self.label}{where}: input var {name!r} has no value "
+                      "(not fed, not initialised by the startup program, or freed)",
+                      self.op.type, place)
+
+    def error(self, exc, ins, place):
+        """The ``OpError`` for ``exc`` raised by this op's kernel."""
+        shapes = {}
+        for k, v in ins.items():
+            if isinstance(v, torch.Tensor):
+                shapes[k] = list(v.shape)
+            elif isinstance(v, list):
+                shapes[k] = [list(t.shape) if isinstance(t, torch.Tensor) else None for t in v]
+        where = f" on {place}" if place is not None else ""
+        return OpError(f"While executing {self.label}{where} with input shapes {shapes}: "
+                       f"{type(exc).__name__}: {exc}", self.op.type, place, shapes)
