@@ -1,0 +1,57 @@
+# ssaexec: `make demo` trains the example programs; `make test` runs the test suite.
+# Both create .venv and install everything on first use.
+#
+# torch: on a machine without an NVIDIA GPU we install the CPU build of
+# torch==$(TORCH_VERSION) (on this workplace's machines pip finds it on local disk);
+# where `nvidia-smi` sees a GPU we install the CUDA build from PyPI instead.
+# Elsewhere, on a CPU-only machine, set TORCH_INDEX to PyTorch's CPU wheel index to
+# avoid downloading the multi-GB CUDA build: make test TORCH_INDEX=<url>.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+STAMP := $(VENV)/.installed-$(TORCH_VERSION)
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+PYTEST_ARGS ?=
+
+ifeq ($(HAS_GPU),yes)
+TORCH_INSTALL := PIP_FIND_LINKS= $(BIN)/pip install "torch==$(TORCH_VERSION)"
+else ifneq ($(TORCH_INDEX),)
+TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_INDEX)
+else
+TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
+endif
+
+.PHONY: demo test bench install graphviz clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
+	$(TORCH_INSTALL) -q
+	$(BIN)/pip install -q "networkx>=3.0" "numpy>=1.24" "matplotlib>=3.7" "dask>=2024.1" \
+		"pytest>=8" "hypothesis>=6.100" "pytest-timeout>=2.3"
+	$(BIN)/pip install -q --no-deps -e .
+	@touch $@
+
+# Graphviz renders `ssaexec viz` pictures; without it viz falls back to matplotlib.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq graphviz >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1)) ; } || \
+		echo "note: Graphviz 'dot' not installed; ssaexec viz will use its matplotlib fallback"
+
+demo: $(STAMP)
+	$(BIN)/python -m ssaexec.demo
+
+test: $(STAMP) graphviz
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/images_per_sec.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,400 @@
+"""The SSA graph: versioned variable handles per place and the op handles between them.
+
+Every (name, place) has a list of ``VarHandle`` versions; version 0 is the value
+that exists before the run (no ``generated_op``), and each write makes the next
+version. ``DummyVarHandle`` carries no data: it only orders two ops (a
+write-after-read or write-after-write hazard, the chain of collectives, or
+sequential execution). Op handles come in a closed set of kinds:
+
+* ``ComputationOpHandle``: one program op on one place;
+* ``ScaleLossGradOpHandle``: seeds ``loss@GRAD`` on one place;
+* ``AllReduceOpHandle`` / ``ReduceOpHandle`` / ``BroadcastOpHandle``: collectives
+  spanning every place (a fused all-reduce holds several gradients);
+* ``FetchOpHandle``: reads a fetched var on every place.
+
+The graph is data only: the runtime decides how each kind runs. ``lint()`` checks
+the invariants the builder promises; tests call it on every graph they build.
+"""
+
+from ..errors import GraphError
+
+__all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
+           "ScaleLossGradOpHandle", "AllReduceOpHandle", "ReduceOpHandle", "BroadcastOpHandle",
+           "FetchOpHandle", "SSAGraph", "COLLECTIVE_KINDS"]
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce", "broadcast")
+
+
+class VarHandle:
+    """Version ``version`` of var ``name`` on place number ``place_idx``."""
+
+    __slots__ = ("name", "place", "place_idx", "version", "generated_op", "pending_ops")
+
+    def __init__(self, name, place, place_idx, version, generated_op=None):
+        self.name = name
+        self.place = place
+        self.place_idx = place_idx
+        self.version = version
+        self.generated_op = generated_op
+        self.pending_ops = []
+
+    @property
+    def is_dummy(self):
+        return False
+
+    def __repr__(self):
+        return f"{self.name}@v{self.version}({self.place})"
+
+
+class DummyVarHandle:
+    """A dependency with no data: ``generated_op`` must run before its ``pending_ops``."""
+
+    __slots__ = ("name", "generated_op", "pending_ops", "reason")
+
+    def __init__(self, name, generated_op, reason):
+        self.name = name
+        self.generated_op = generated_op
+        self.pending_ops = []
+        self.reason = reason
+
+    @property
+    def is_dummy(self):
+        return True
+
+    def __repr__(self):
+        return f"{self.name}({self.reason})"
+
+
+class OpHandle:
+    """Base of op handles: input and output var handles, a kind and an id."""
+
+    __slots__ = ("id", "inputs", "outputs")
+    kind = None
+
+    def __init__(self):
+        self.id = -1
+        self.inputs = []
+        self.outputs = []
+
+    @property
+    def places(self):
+        """Places this handle touches, in place order."""
+        seen = []
+        for v in self.inputs + self.outputs:
+            if not v.is_dummy and v.place not in seen:
+                seen.append(v.place)
+        return seen
+
+    @property
+    def is_collective(self):
+        return self.kind in COLLECTIVE_KINDS
+
+    def producers(self):
+        """Distinct op handles this one waits for."""
+        out = []
+        for v in self.inputs:
+            g = v.generated_op
+            if g is not None and g not in out:
+                out.append(g)
+        return out
+
+    def describe(self):
+        """A short label: kind, type and place."""
+        return self.name
+
+    def __repr__(self):
+        return f"<{type(self).__name__} #{self.id} {self.name}>"
+
+
+class ComputationOpHandle(OpHandle):
+    """Program op ``op`` (index ``op_index`` in block 0) on one place."""
+
+    __slots__ = ("op", "op_index", "place", "place_idx")
+    kind = "compute"
+
+    def __init__(self, op, op_index, place, place_idx):
+        super().__init__()
+        self.op, self.op_index, self.place, self.place_idx = op, op_index, place, place_idx
+
+    @property
+    def name(self):
+        return f"{self.op.type}#{self.op_index}@{self.place}"
+
+
+class ScaleLossGradOpHandle(OpHandle):
+    """Writes ``loss@GRAD`` = ``coeff`` (shape ``shape``, dtype ``dtype``) on one place."""
+
+    __slots__ = ("var_name", "coeff", "shape", "dtype", "place", "place_idx", "op_index")
+    kind = "scale_loss_grad"
+
+    def __init__(self, var_name, coeff, shape, dtype, place, place_idx, op_index):
+        super().__init__()
+        self.var_name, self.coeff, self.shape, self.dtype = var_name, coeff, shape, dtype
+        self.place, self.place_idx, self.op_index = place, place_idx, op_index
+
+    @property
+    def name(self):
+        return f"scale_loss_grad({self.var_name})@{self.place}"
+
+
+class _Collective(OpHandle):
+    __slots__ = ("var_names", "seq")
+
+    def __init__(self, var_names):
+        super().__init__()
+        self.var_names = list(var_names)
+        self.seq = -1  # position in the graph's collective chain
+
+    def nbytes(self, program):
+        """Bytes of one place's share (from the declared shapes; -1 dims count as 1)."""
+        from ..program.desc import torch_dtype
+        total = 0
+        for n in self.var_names:
+            var = program.global_block().find_var(n)
+            if var is not None and var.numel is not None:
+                total += var.numel * torch_dtype(var.dtype).itemsize
+        return total
+
+
+class AllReduceOpHandle(_Collective):
+    """Sums ``var_names`` over all places; every place gets the result (a bucket if fused)."""
+
+    __slots__ = ()
+    kind = "all_reduce"
+
+    @property
+    def name(self):
+        names = self.var_names[0] if len(self.var_names) == 1 else \
+            f"{len(self.var_names)} grads: {self.var_names[0]}.."
+        return f"all_reduce({names})"
+
+
+class ReduceOpHandle(_Collective):
+    """Sums ``var_names`` over all places into place ``owner_idx`` only."""
+
+    __slots__ = ("owner_idx",)
+    kind = "reduce"
+
+    def __init__(self, var_names, owner_idx):
+        super().__init__(var_names)
+        self.owner_idx = owner_idx
+
+    @property
+    def name(self):
+        return f"reduce({self.var_names[0]}->{self.owner_idx})"
+
+
+class BroadcastOpHandle(_Collective):
+    """Copies ``var_names`` from place ``root_idx`` to every other place."""
+
+    __slots__ = ("root_idx",)
+    kind = "broadcast"
+
+    def __init__(self, var_names, root_idx):
+        super().__init__(var_names)
+        self.root_idx = root_idx
+
+    @property
+    def name(self):
+        return f"broadcast({self.var_names[0]}<-{self.root_idx})"
+
+
+class FetchOpHandle(OpHandle):
+    """Reads the latest version of ``var_name`` on every place."""
+
+    __slots__ = ("var_name",)
+    kind = "fetch"
+
+    def __init__(self, var_name):
+        super().__init__()
+        self.var_name = var_name
+
+    @property
+    def name(self):
+        return f"fetch({self.var_name})"
+
+
+class SSAGraph:
+    """Per-place versioned vars and all op handles (ids are indices into ``ops``)."""
+
+    __slots__ = ("places", "program", "vars", "ops", "dummies", "collectives", "fetches",
+                 "strategy", "param_owner", "__weakref__")
+
+    def __init__(self, program, places, strategy):
+        self.program = program
+        self.places = list(places)
+        self.vars = [dict() for _ in self.places]
+        self.ops = []
+        self.dummies = []
+        self.collectives = []
+        self.fetches = []
+        self.strategy = strategy
+        self.param_owner = {}
+
+    # --- construction helpers (used by graph.build) -----------------------------------
+    def add_op(self, handle):
+        handle.id = len(self.ops)
+        self.ops.append(handle)
+        return handle
+
+    def read(self, handle, place_idx, name):
+        """Bind ``handle`` to the latest version of ``name`` on ``place_idx``."""
+        versions = self.vars[place_idx].get(name)
+        if not versions:
+            versions = self.vars[place_idx][name] = [
+                VarHandle(name, self.places[place_idx], place_idx, 0)]
+        var = versions[-1]
+        if handle not in var.pending_ops:
+            var.pending_ops.append(handle)
+        if var not in handle.inputs:
+            handle.inputs.append(var)
+        return var
+
+    def write(self, handle, place_idx, name):
+        """Make the next version of ``name`` on ``place_idx``, generated by ``handle``.
+
+        Adds the hazard edges: every reader of the previous version runs first
+        (write-after-read), and so does the previous writer (write-after-write).
+        """
+        versions = self.vars[place_idx].setdefault(name, [])
+        if versions:
+            prev = versions[-1]
+            for reader in prev.pending_ops:
+                if reader is not handle:
+                    self.depend(reader, handle, "war")
+            if prev.generated_op is not None and prev.generated_op is not handle \
+                    and prev not in handle.inputs:
+                self.depend(prev.generated_op, handle, "waw")
+        var = VarHandle(name, self.places[place_idx], place_idx, len(versions), handle)
+        versions.append(var)
+        handle.outputs.append(var)
+        return var
+
+    def depend(self, before, after, reason):
+        """Add a dummy var so ``after`` runs after ``before`` (no-op if already direct)."""
+        for v in after.inputs:
+            if v.generated_op is before:
+                return None
+        dummy = DummyVarHandle(f"dummy_{len(self.dummies)}", before, reason)
+        before.outputs.append(dummy)
+        dummy.pending_ops.append(after)
+        after.inputs.append(dummy)
+        self.dummies.append(dummy)
+        return dummy
+
+    def latest(self, place_idx, name):
+        """The latest ``VarHandle`` of ``name`` on ``place_idx`` (None if never seen)."""
+        versions = self.vars[place_idx].get(name)
+        return versions[-1] if versions else None
+
+    # --- queries -----------------------------------------------------------------------
+    def ops_of_kind(self, kind):
+        return [op for op in self.ops if op.kind == kind]
+
+    def topological_order(self):
+        """Op handles in a dependency-respecting order (``GraphError`` on a cycle)."""
+        indeg = [len(op.producers()) for op in self.ops]
+        succ = [[] for _ in self.ops]
+        for op in self.ops:
+            for p in op.producers():
+                succ[p.id].append(op.id)
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        order = []
+        while ready:
+            i = ready.pop()
+            order.append(self.ops[i])
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    ready.append(j)
+        if len(order) != len(self.ops):
+            stuck = [self.ops[i] for i, d in enumerate(indeg) if d > 0]
+            raise GraphError(f"the SSA graph has a cycle through {stuck[0].name} "
+                             f"(and {len(stuck) - 1} more ops)")
+        return order
+
+    def lint(self):
+        """Check the invariants; raise ``GraphError`` naming the offending handle.
+
+        Acyclic; versions of each (name, place) are 0..n-1 with one writer each;
+        every reader of version k runs before the writer of version k+1; every
+        all-reduce spans all places; every parameter gradient is all-reduced (or
+        reduced) exactly once.
+        """
+        order = self.topological_order()
+        for op in self.ops:
+            for v in op.inputs:
+                if op not in v.pending_ops:
+                    raise GraphError(f"{op.name} reads {v!r} but is not among its readers")
+            for v in op.outputs:
+                if v.generated_op is not op:
+                    raise GraphError(f"{op.name} writes {v!r} whose generator is "
+                                     f"{v.generated_op!r}")
+        for pi, names in enumerate(self.vars):
+            for name, versions in names.items():
+                for k, v in enumerate(versions):
+                    if v.version != k:
+                        raise GraphError(f"var {name!r} on {self.places[pi]}: version list "
+                                         f"holds v{v.version} at position {k}")
+                    if k > 0 and v.generated_op is None:
+                        raise GraphError(f"var {v!r} has no writer (only version 0 may)")
+        ancestors = self._ancestor_sets(order)
+        for names in self.vars:
+            for versions in names.values():
+                for prev, nxt in zip(versions, versions[1:]):
+                    w = nxt.generated_op
+                    for r in prev.pending_ops:
+                        if r is not w and not (ancestors[w.id] >> r.id) & 1:
+                            raise GraphError(f"write-after-read hazard: {r.name} reads {prev!r} "
+                                             f"but may run after {w.name} writes {nxt!r}")
+        n = len(self.places)
+        for op in self.ops_of_kind("all_reduce"):
+            for name in op.var_names:
+                placed = sorted(v.place_idx for v in op.inputs
+                                if not v.is_dummy and v.name == name)
+                if placed != list(range(n)):
+                    raise GraphError(f"{op.name} does not span all {n} places for {name!r} "
+                                     f"(inputs on places {placed})")
+        counts = {}
+        for op in self.ops:
+            if op.kind in ("all_reduce", "reduce"):
+                for name in op.var_names:
+                    counts[name] = counts.get(name, 0) + 1
+        for p, g in self.param_grads():
+            c = counts.get(g, 0)
+            if c != 1:
+                raise GraphError(f"gradient {g!r} of parameter {p!r} is reduced {c} times; "
+                                 "expected exactly once")
+        return self
+
+    def _ancestor_sets(self, order):
+        # Python ints as bitsets: ancestors[i] has bit j set when op j precedes op i.
+        anc = [0] * len(self.ops)
+        for op in order:
+            a = 0
+            for p in op.producers():
+                a |= anc[p.id] | (1 << p.id)
+            anc[op.id] = a
+        return anc
+
+    def param_grads(self):
+        """(parameter, gradient) pairs from the backward ops' ``role_var``, in program order."""
+        out = []
+        for op in self.program.global_block().ops:
+            if op.role == "backward":
+                out.extend(op.role_var)
+        return out
+
+    def to_networkx(self):
+        """The graph as a ``networkx.DiGraph`` (see ``ssaexec.graph.export``)."""
+        from .export import to_networkx
+        return to_networkx(self)
+
+    def to_dot(self, **kwargs):
+        """Graphviz DOT text with one cluster per place (see ``ssaexec.graph.export``)."""
+        from .export import to_dot
+        return to_dot(self, **kwargs)
+
+    def __repr__(self):
+        return f"<SSAGraph places={len(self.places)} ops={len(self.ops)} " \
+               f"collectives={len(self.collectives)}>"

@@ -1,0 +1,101 @@
+"""``BuildStrategy`` (how the SSA graph is built) and ``ExecutionStrategy`` (how it runs).
+
+Plain attribute bags with validation, so a typo fails at construction instead
+of silently doing the default.
+"""
+
+from .errors import SSAExecError
+
+__all__ = ["BuildStrategy", "ExecutionStrategy"]
+
+
+def _check(name, value, allowed):
+    if value not in allowed:
+        raise SSAExecError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+class BuildStrategy:
+    """How ``build_ssa_graph`` turns a program into a multi-place SSA graph.
+
+    Parameters
+    ----------
+    reduce_strategy : {"all_reduce", "reduce"}
+        ``all_reduce``: every place gets the summed gradient and runs the optimizer.
+        ``reduce``: each gradient goes to one owner place (balanced by bytes), the
+        optimizer runs there, and the parameter is broadcast back.
+    gradient_scale_strategy : {"coeff_num_device", "one", "customized"}
+        The seed of ``loss@GRAD``: 1/number of ranks (mean over the global batch),
+        1 (sum), or fed by the user.
+    debug_graphviz_path : str, optional
+        Write the built graph's DOT text here.
+    enable_sequential_execution : bool
+        Force program order on every place (debugging).
+    fuse_all_reduce_ops : bool
+        All-reduce gradients in buckets of about ``fuse_bucket_mb`` MiB.
+    num_trainers, trainer_id : int
+        Processes in a multi-process run and this one's rank.
+    """
+
+    __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
+                 "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
+                 "num_trainers", "trainer_id")
+
+    def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
+                 debug_graphviz_path=None, enable_sequential_execution=False,
+                 fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0):
+        self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
+                                      ("all_reduce", "reduce"))
+        self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
+                                              ("coeff_num_device", "one", "customized"))
+        self.debug_graphviz_path = debug_graphviz_path
+        self.enable_sequential_execution = bool(enable_sequential_execution)
+        self.fuse_all_reduce_ops = bool(fuse_all_reduce_ops)
+        if fuse_bucket_mb <= 0:
+            raise SSAExecError(f"fuse_bucket_mb must be positive, got {fuse_bucket_mb}")
+        self.fuse_bucket_mb = float(fuse_bucket_mb)
+        if num_trainers < 1 or not 0 <= trainer_id < num_trainers:
+            raise SSAExecError(f"need num_trainers >= 1 and 0 <= trainer_id < num_trainers, got "
+                               f"{num_trainers}, {trainer_id}")
+        self.num_trainers = int(num_trainers)
+        self.trainer_id = int(trainer_id)
+
+    def key(self):
+        """A hashable summary (graphs are cached by it)."""
+        return tuple(getattr(self, s) for s in self.__slots__)
+
+    def __repr__(self):
+        return "BuildStrategy(" + ", ".join(f"{s}={getattr(self, s)!r}"
+                                            for s in self.__slots__) + ")"
+
+
+class ExecutionStrategy:
+    """How the scheduler runs a graph.
+
+    Parameters
+    ----------
+    num_threads : int
+        Worker threads; 1 runs everything in the calling thread (debugging).
+        Default: number of places + 1, at most 8.
+    sync : {"event", "wait"}
+        CUDA only: cross-stream edges wait on events (non-blocking) or synchronise
+        the producer's stream (easy to debug). Switchable between runs.
+    amp : {None, "bf16", "fp16"}
+        CUDA only: run compute ops under autocast with fp32 master weights.
+    torch_threads : int, optional
+        torch intra-op threads per place; default: cores // places (at least 1).
+    """
+
+    __slots__ = ("num_threads", "sync", "amp", "torch_threads")
+
+    def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None):
+        if num_threads is not None and num_threads < 1:
+            raise SSAExecError(f"num_threads must be >= 1, got {num_threads}")
+        self.num_threads = num_threads
+        self.sync = _check("sync", sync, ("event", "wait"))
+        self.amp = _check("amp", amp, (None, "bf16", "fp16"))
+        self.torch_threads = torch_threads
+
+    def __repr__(self):
+        return "ExecutionStrategy(" + ", ".join(f"{s}={getattr(self, s)!r}"
+                                                for s in self.__slots__) + ")"
