@@ -13,6 +13,10 @@ from .program.backward import append_backward
 from .runtime.place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
 from .runtime.scope import Scope, global_scope, scope_guard
 from .executor import Executor
+from .strategy import BuildStrategy, ExecutionStrategy
+from .graph.ssa import SSAGraph
+from .graph.build import build_ssa_graph
+from .parallel_executor import ParallelExecutor
 
 __version__ = "0.1.0"
 
@@ -22,7 +26,8 @@ __all__ = [
     "default_main_program", "default_startup_program", "program_guard",
     "layers", "initializer", "optimizer", "append_backward",
     "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
-    "Scope", "global_scope", "scope_guard", "Executor",
+    "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
+    "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
 ]
 
 

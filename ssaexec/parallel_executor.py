@@ -1,0 +1,241 @@
+"""``ParallelExecutor``: data-parallel training of one program over several places.
+
+Life cycle. At construction the startup program runs once (on the first
+place, into ``scope``), and every persistable var is then broadcast: place
+0's local scope shares the tensors of ``scope``, the other places get their
+own copies, so all replicas start identical. Each ``run`` splits the feed's
+batch dimension across places, runs the SSA graph (built and compiled once per
+fetch list) with the out-of-order scheduler, and merges the fetched values.
+
+Feeds. A dict feed is split along dim 0 for data vars whose first declared
+dim is -1, as evenly as possible (the first ``B % n`` places get one more
+sample); a batch smaller than the number of places is a ``FeedError``. Other
+vars are copied to every place. A list of dicts feeds each place its own.
+
+Fetches. With ``return_merged=True``: vars whose first dim is the batch (-1)
+are concatenated in place order; scalars (shape ``[]`` or ``[1]``) are
+averaged over places (with uneven splits that is the mean of per-place means);
+anything else is identical on every place after the all-reduce and place 0's
+value is returned. With ``return_merged=False`` each fetch is a list with one
+value per place.
+
+Threads. CPU places share the host's cores, so while several CPU places run,
+torch's intra-op threads are set to ``cores // places`` (at least 1; override
+with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``.
+"""
+
+import os
+import weakref
+
+import torch
+
+from .errors import FeedError, SSAExecError
+from .executor import Executor, fetch_names
+from .feed import check_feed
+from .graph.build import build_ssa_graph
+from .program.desc import Program
+from .runtime.collective import LocalCollective
+from .runtime.graph_runner import GraphRunner
+from .runtime.place import cpu_places, cuda_places
+from .runtime.scheduler import Scheduler
+from .runtime.scope import Scope, global_scope
+from .strategy import BuildStrategy, ExecutionStrategy
+
+__all__ = ["ParallelExecutor", "split_batch"]
+
+
+def split_batch(tensor, n, name="feed"):
+    """Split ``tensor`` along dim 0 into ``n`` parts as evenly as possible."""
+    b = tensor.shape[0]
+    if b < n:
+        raise FeedError(f"feed {name!r} has batch size {b} but there are {n} places: every "
+                        "place needs at least one sample")
+    base, extra = divmod(b, n)
+    sizes = [base + (1 if i < extra else 0) for i in range(n)]
+    return list(torch.split(tensor, sizes))
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+class ParallelExecutor:
+    """Train ``main_program`` data-parallel over ``places``.
+
+    Parameters
+    ----------
+    places : list of Place, optional
+        Default: every CUDA device, or ``cpu_places(cores)`` without one.
+    main_program : Program
+        The training program (forward, backward with ``role_var``, optimizer).
+    startup_program : Program, optional
+        Run once into ``scope`` before parameters are broadcast.
+    loss_name : str, optional
+        The loss var (used for checks and as the default fetch).
+    build_strategy, exec_strategy : optional
+        See ``BuildStrategy`` and ``ExecutionStrategy``.
+    scope : Scope, optional
+        Where the startup program writes (default ``se.global_scope()``).
+    """
+
+    def __init__(self, places=None, main_program=None, startup_program=None, loss_name=None,
+                 build_strategy=None, exec_strategy=None, scope=None):
+        if main_program is None:
+            from .program.builder import default_main_program
+            main_program = default_main_program()
+        if not isinstance(main_program, Program):
+            raise SSAExecError(f"main_program must be a Program, got "
+                               f"{type(main_program).__name__}")
+        self.places = list(places) if places is not None else (cuda_places() or cpu_places())
+        if not self.places:
+            raise SSAExecError("ParallelExecutor needs at least one place")
+        self.program = main_program
+        self.loss_name = loss_name
+        if loss_name is not None and main_program.global_block().find_var(loss_name) is None:
+            raise SSAExecError(f"loss_name {loss_name!r} is not a var of the main program")
+        self.build_strategy = build_strategy or BuildStrategy()
+        self.exec_strategy = exec_strategy or ExecutionStrategy()
+        self.scope = scope if scope is not None else global_scope()
+        n = len(self.places)
+        threads = self.exec_strategy.num_threads or min(8, n + 1)
+        self._scheduler = Scheduler(threads, name="ssaexec")
+        self._collective = LocalCollective()
+        self._runners = {}
+        self._prev_torch_threads = None
+        self._set_torch_threads()
+        self._finalizer = weakref.finalize(self, _shutdown, self._scheduler)
+        if startup_program is not None:
+            Executor(self.places[0]).run(startup_program, scope=self.scope)
+        self.local_scopes = [Scope() for _ in self.places]
+        self._broadcast_persistables()
+
+    # --- set-up -------------------------------------------------------------------------
+    def _set_torch_threads(self):
+        cpu = [p for p in self.places if not p.is_cuda]
+        want = self.exec_strategy.torch_threads
+        if want is None and len(cpu) > 1:
+            want = max(1, _cores() // len(cpu))
+        if want is not None and want != torch.get_num_threads():
+            self._prev_torch_threads = torch.get_num_threads()
+            torch.set_num_threads(want)
+
+    def _broadcast_persistables(self):
+        block = self.program.global_block()
+        for var in block.vars.values():
+            if not var.persistable:
+                continue
+            src = self.scope.find_var(var.name)
+            if src is None:
+                if var.is_parameter:
+                    raise SSAExecError(f"parameter {var.name!r} has no value in the scope: run "
+                                       "the startup program first or pass startup_program=")
+                continue
+            for i, (place, ls) in enumerate(zip(self.places, self.local_scopes, strict=True)):
+                if i == 0 and src.device == place.device:
+                    ls.set_var(var.name, src)  # place 0 shares the user's scope
+                else:
+                    ls.set_var(var.name, src.detach().to(place.device, copy=True))
+
+    def _runner(self, fetch):
+        runner = self._runners.get(fetch)
+        if runner is None:
+            graph = build_ssa_graph(self.program, self.places, self.build_strategy, list(fetch))
+            graph.lint()
+            runner = GraphRunner(graph, self.local_scopes, self._collective, self._scheduler)
+            self._runners[fetch] = runner
+        return runner
+
+    def graph(self, fetch_list=None):
+        """The SSA graph used for ``fetch_list`` (built on first use)."""
+        return self._runner(fetch_names(fetch_list)).graph
+
+    # --- running ------------------------------------------------------------------------
+    def _place_feeds(self, feed):
+        n = len(self.places)
+        if isinstance(feed, (list, tuple)):
+            if len(feed) != n:
+                raise FeedError(f"a list feed needs one dict per place: got {len(feed)} for "
+                                f"{n} places")
+            return [check_feed(self.program, f) for f in feed]
+        feeds = check_feed(self.program, feed)
+        per_place = [{} for _ in range(n)]
+        block = self.program.global_block()
+        for name, t in feeds.items():
+            var = block.vars[name]
+            if var.shape and var.shape[0] == -1 and t.dim() > 0:
+                parts = split_batch(t, n, name)
+            else:
+                parts = [t] * n
+            for d, part in zip(per_place, parts, strict=True):
+                d[name] = part
+        return per_place
+
+    def run(self, fetch_list=None, feed=None, return_merged=True):
+        """Run one step on every place.
+
+        Parameters
+        ----------
+        fetch_list : list of str or VarDesc, optional
+            Vars to fetch (default: none).
+        feed : dict or list of dict
+            Whole-batch feed (split across places) or one feed per place.
+        return_merged : bool
+            Merge per-place values (see the module docstring) or return lists.
+
+        Returns
+        -------
+        list
+            One entry per fetched var.
+        """
+        if self._scheduler.closed:
+            raise SSAExecError("this ParallelExecutor is closed")
+        fetch = fetch_names(fetch_list)
+        runner = self._runner(fetch)
+        per_place = self._place_feeds(feed)
+        read = {n for op in self.program.global_block().ops for n in op.input_names()}
+        for pi, (ls, d) in enumerate(zip(self.local_scopes, per_place, strict=True)):
+            for v in self.program.data_vars():
+                if v.name in read and v.name not in d and ls.find_var(v.name) is None:
+                    raise FeedError(f"data var {v.name!r} was not fed for place "
+                                    f"{self.places[pi]} (expected shape {v.shape}, dtype "
+                                    f"{v.dtype})")
+            device = self.places[pi].device
+            for name, t in d.items():
+                ls.set_var(name, t.to(device, non_blocking=True) if t.device != device
+                           else t)
+        fetched = runner.run()
+        return [self._merge(name, fetched[name]) if return_merged else fetched[name]
+                for name in fetch]
+
+    def _merge(self, name, values):
+        var = self.program.global_block().find_var(name)
+        shape = var.shape if var is not None else None
+        if len(values) == 1:
+            return values[0]
+        if shape is not None and len(shape) > 0 and shape[0] == -1:
+            return torch.cat(values, dim=0)
+        if values[0].numel() == 1 and (shape is None or len(shape) <= 1):
+            stacked = torch.stack([v.reshape(()) for v in values])
+            if not stacked.is_floating_point():
+                return stacked
+            return stacked.mean().reshape(values[0].shape)
+        return values[0]
+
+    # --- teardown -----------------------------------------------------------------------
+    def close(self):
+        """Join every worker thread and restore torch's thread count (idempotent)."""
+        self._scheduler.close()
+        if self._prev_torch_threads is not None:
+            torch.set_num_threads(self._prev_torch_threads)
+            self._prev_torch_threads = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _shutdown(scheduler):
+    scheduler.close()

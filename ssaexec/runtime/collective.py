@@ -1,0 +1,55 @@
+"""Collectives across the places of one process.
+
+``LocalCollective`` sums (or averages) each place's tensor in place order,
+so results are bit-identical from run to run whatever the thread timing, and
+writes the result into every place's own tensor in place. In place is safe:
+the SSA graph makes the collective the only reader of the versions it
+replaces. Tensors on different devices are moved to the first place's device
+for the sum and copied back.
+"""
+
+import torch
+
+__all__ = ["LocalCollective"]
+
+
+class LocalCollective:
+    """In-process all-reduce, reduce and broadcast over a list of per-place tensors."""
+
+    __slots__ = ()
+
+    def all_reduce(self, tensors, average=False):
+        """Every tensor becomes the sum (or mean) of all of them."""
+        acc = tensors[0]
+        dev = acc.device
+        for t in tensors[1:]:
+            acc.add_(t if t.device == dev else t.to(dev))
+        if average and len(tensors) > 1:
+            acc.div_(len(tensors))
+        for t in tensors[1:]:
+            t.copy_(acc)
+        return tensors
+
+    def reduce(self, tensors, root, average=False):
+        """``tensors[root]`` becomes the sum (or mean) of all; the others are unchanged."""
+        acc = tensors[root]
+        dev = acc.device
+        for i, t in enumerate(tensors):
+            if i != root:
+                acc.add_(t if t.device == dev else t.to(dev))
+        if average and len(tensors) > 1:
+            acc.div_(len(tensors))
+        return acc
+
+    def broadcast(self, tensors, root):
+        """Every tensor becomes a copy of ``tensors[root]``."""
+        src = tensors[root]
+        for i, t in enumerate(tensors):
+            if i != root:
+                t.copy_(src)
+        return tensors
+
+    @staticmethod
+    def flatten(tensors):
+        """One contiguous buffer holding ``tensors`` back to back (for fused buckets)."""
+        return torch.cat([t.reshape(-1) for t in tensors])

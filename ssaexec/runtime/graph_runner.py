@@ -1,0 +1,157 @@
+"""``GraphRunner``: binds an SSA graph's handles to scopes and runs it with the scheduler.
+
+It compiles every op handle once into a zero-argument function (a
+``ComputationOpHandle`` becomes an ``OpCall`` bound to its place's scope; the
+collectives call the collective backend on the places' tensors), and computes
+the memory plan: the latest version of every non-persistable var is erased
+from its place's scope as soon as its last reader has run (reference counts
+from the graph), or right after it is written when nobody reads it. Only the
+latest version is ever erased: an earlier version's name is already bound to
+its successor.
+"""
+
+import threading
+
+import torch
+
+from ..errors import OpError, SSAExecError
+from ..program.desc import torch_dtype
+from .op_call import OpCall
+from .scheduler import DependencyPlan
+
+__all__ = ["GraphRunner"]
+
+
+class GraphRunner:
+    """Run ``graph`` over ``scopes`` (one per place) with ``scheduler``."""
+
+    def __init__(self, graph, scopes, collective, scheduler):
+        self.graph = graph
+        self.scopes = scopes
+        self.collective = collective
+        self.scheduler = scheduler
+        self.plan = DependencyPlan.from_graph(graph)
+        self.fetched = {}
+        self._lock = threading.Lock()
+        self._refs = []
+        self._ref0, reader_slots, free_after, self._slots = self._memory_plan()
+        self.fns = [self._with_frees(self._compile(op), reader_slots[op.id], free_after[op.id])
+                    for op in graph.ops]
+
+    # --- memory plan --------------------------------------------------------------------
+    def _memory_plan(self):
+        block = self.graph.program.global_block()
+        n = len(self.graph.ops)
+        reader_slots = [[] for _ in range(n)]
+        free_after = [[] for _ in range(n)]
+        ref0, slots = [], []
+        for pi, names in enumerate(self.graph.vars):
+            for name, versions in names.items():
+                var = block.find_var(name)
+                if var is None or var.persistable:
+                    continue
+                last = versions[-1]
+                if not last.pending_ops:
+                    if last.generated_op is not None:
+                        free_after[last.generated_op.id].append((pi, name))
+                    continue
+                k = len(ref0)
+                ref0.append(len(last.pending_ops))
+                slots.append((pi, name))
+                for r in last.pending_ops:
+                    reader_slots[r.id].append(k)
+        return ref0, [tuple(x) for x in reader_slots], [tuple(x) for x in free_after], slots
+
+    def _with_frees(self, fn, reads, unread):
+        if not reads and not unread:
+            return fn
+        scopes, slots, lock = self.scopes, self._slots, self._lock
+
+        def run_and_free():
+            fn()
+            dead = list(unread)
+            if reads:
+                with lock:
+                    refs = self._refs
+                    for k in reads:
+                        c = refs[k] - 1
+                        refs[k] = c
+                        if c == 0:
+                            dead.append(slots[k])
+            for pi, name in dead:
+                scopes[pi].erase(name)
+        return run_and_free
+
+    # --- handle kinds -------------------------------------------------------------------
+    def _compile(self, op):
+        kind = op.kind
+        if kind == "compute":
+            call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
+            scope, place = self.scopes[op.place_idx], op.place
+            return lambda: call.run(scope, place)
+        if kind == "scale_loss_grad":
+            scope, name = self.scopes[op.place_idx], op.var_name
+            shape, dtype, coeff = list(op.shape), torch_dtype(op.dtype), op.coeff
+            device = op.place.device
+            return lambda: scope.set_var(name, torch.full(shape, coeff, dtype=dtype,
+                                                          device=device))
+        if kind == "fetch":
+            return self._fetch_fn(op)
+        if kind in ("all_reduce", "reduce", "broadcast"):
+            return self._collective_fn(op)
+        raise SSAExecError(f"no runner for op handle kind {kind!r}")
+
+    def _tensors(self, name, place_ids, op):
+        out = []
+        for pi in place_ids:
+            t = self.scopes[pi].find_var(name)
+            if t is None:
+                raise OpError(f"While executing {op.name}: var {name!r} has no value on "
+                              f"{self.graph.places[pi]}", op.kind, self.graph.places[pi])
+            out.append(t)
+        return out
+
+    def _collective_fn(self, op):
+        everyone = list(range(len(self.graph.places)))
+        coll = self.collective
+        kind = op.kind
+
+        def run():
+            try:
+                for name in op.var_names:
+                    if kind == "all_reduce":
+                        coll.all_reduce(self._tensors(name, everyone, op))
+                    elif kind == "reduce":
+                        coll.reduce(self._tensors(name, everyone, op), op.owner_idx)
+                    else:
+                        coll.broadcast(self._tensors(name, everyone, op), op.root_idx)
+            except SSAExecError:
+                raise
+            except Exception as e:
+                raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
+                              kind) from e
+        return run
+
+    def _fetch_fn(self, op):
+        name = op.var_name
+        n = len(self.graph.places)
+
+        def run():
+            vals = []
+            for pi in range(n):
+                t = self.scopes[pi].find_var(name)
+                if t is None:
+                    raise OpError(f"While executing {op.name}: var {name!r} has no value on "
+                                  f"{self.graph.places[pi]}", "fetch", self.graph.places[pi])
+                # a snapshot: later ops and runs update parameters in place
+                vals.append(t.detach().to("cpu", copy=True))
+            self.fetched[name] = vals
+        return run
+
+    # --- running ------------------------------------------------------------------------
+    def run(self):
+        """Run the graph once; return {fetch name: [value per place]}."""
+        self.fetched = {}
+        self._refs = list(self._ref0)
+        self.scheduler.run(self.plan, self.fns)
+        return self.fetched
