@@ -1,0 +1,120 @@
+"""The scheduler on random DAGs: every op runs once, after all its producers; no leaks."""
+
+import random
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ssaexec.errors import GraphError
+from ssaexec.runtime.scheduler import DependencyPlan, Scheduler
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 40))
+    producers = []
+    for i in range(n):
+        k = draw(st.integers(0, min(i, 4)))
+        producers.append(draw(st.lists(st.integers(0, i - 1), min_size=k, max_size=k,
+                                       unique=True)) if i else [])
+    is_comm = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return n, producers, is_comm
+
+
+def _logging_fns(n, log, rng):
+    sleeps = [rng.choice([0, 0, 0, 1e-5, 1e-4, 5e-4]) for _ in range(n)]
+
+    def make(i):
+        def fn():
+            start = time.perf_counter()
+            if sleeps[i]:
+                time.sleep(sleeps[i])
+            log.append((i, start, time.perf_counter()))
+        return fn
+    return [make(i) for i in range(n)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(), st.integers(1, 8), st.integers(0, 2**32 - 1))
+def test_every_op_runs_once_after_its_producers(dag, threads, seed):
+    n, producers, is_comm = dag
+    plan = DependencyPlan(n, producers, is_comm)
+    sched = Scheduler(threads)
+    rng = random.Random(seed)
+    try:
+        for _ in range(8):
+            log = []
+            sched.run(plan, _logging_fns(n, log, rng))
+            assert sorted(i for i, _, _ in log) == list(range(n))
+            times = {i: (s, e) for i, s, e in log}
+            for i, ps in enumerate(producers):
+                for p in ps:
+                    assert times[p][1] <= times[i][0], f"op {i} started before producer {p} ended"
+    finally:
+        sched.close()
+
+
+def test_no_thread_left_after_close():
+    before = set(threading.enumerate())
+    sched = Scheduler(8)
+    plan = DependencyPlan(20, [[]] * 20)
+    for _ in range(50):
+        sched.run(plan, [lambda: None] * 20)
+    assert len(set(threading.enumerate()) - before) == 7
+    sched.close()
+    assert set(threading.enumerate()) - before == set()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_first_error_is_raised_and_next_run_works(threads):
+    n = 30
+    plan = DependencyPlan(n, [[i - 1] if i % 3 else [] for i in range(n)])
+    ran = []
+
+    def ok(i):
+        return lambda: ran.append(i)
+
+    def boom(msg):
+        def fn():
+            time.sleep(0.01 if msg == "second" else 0)
+            raise ValueError(msg)
+        return fn
+
+    fns = [ok(i) for i in range(n)]
+    fns[4] = boom("first")
+    fns[20] = boom("second")
+    sched = Scheduler(threads)
+    try:
+        with pytest.raises(ValueError) as ei:
+            sched.run(plan, fns)
+        assert str(ei.value) in ("first", "second")
+        assert 5 not in ran  # the successor of the failed op never ran
+        ran.clear()
+        sched.run(plan, [ok(i) for i in range(n)])
+        assert sorted(ran) == list(range(n))
+    finally:
+        sched.close()
+
+
+def test_cycles_are_rejected():
+    with pytest.raises(GraphError, match="cycle"):
+        DependencyPlan(3, [[2], [0], [1]])
+
+
+def test_runs_cannot_overlap():
+    sched = Scheduler(2)
+    inner_error = []
+
+    def reenter():
+        try:
+            sched.run(DependencyPlan(1, [[]]), [lambda: None])
+        except Exception as e:  # noqa: BLE001
+            inner_error.append(e)
+
+    sched.run(DependencyPlan(1, [[]]), [reenter])
+    sched.close()
+    assert inner_error and "already running" in str(inner_error[0])
