@@ -1,0 +1,439 @@
+"""The JSON form of a program: ``program_to_dict``/``program_from_dict``, ``to_json``/``from_json``.
+
+Layout (schema ``"ssaexec.program"``, version 1)::
+
+    {"schema": "ssaexec.program", "version": 1, "random_seed": 0,
+     "name_counts": {"fc": 1},
+     "blocks": [{"idx": 0, "parent_idx": -1,
+                 "vars": [{"name", "shape", "dtype", "persistable", "is_parameter",
+                           "stop_gradient", "is_data"}, ...],
+                 "ops": [{"type", "inputs": {slot: [names]}, "outputs": {...},
+                          "attrs": {...}, "role", "role_var": [[param, grad], ...]}, ...]}]}
+
+Policy and invariants:
+
+* Round trips are exact: ``program_from_dict(program_to_dict(p)) == p`` and
+  ``to_json(from_json(s)) == s`` for any ``s`` that ``to_json`` wrote. Key order of
+  slots and attrs is kept; ints stay ints and floats stay floats.
+* The JSON is standard (no ``NaN`` literals): ``BlockRef(i)`` is written as
+  ``{"block": i}`` and a non-finite float as ``{"float": "inf" | "-inf" | "nan"}``.
+  Because the dict form already carries these encodings, ``ProgramDesc.__eq__``
+  (which compares dict forms) treats two ``nan`` attributes as equal.
+* ``name_counts`` persists ``ProgramDesc._name_counts`` so a reloaded program keeps
+  generating fresh names.
+* Reading is strict: every key is required, unknown keys are errors, and every
+  problem raises ``ProgramError`` naming the source and where: ``LINE:COL`` for
+  bad JSON, ``LINE:COL`` plus the JSON path (``blocks[0].ops[3].inputs``) for a
+  structural error. Nothing is ever executed while reading (no pickle, no eval).
+"""
+
+import json
+import math
+import re
+
+from ..errors import ProgramError
+from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
+
+__all__ = ["SCHEMA", "VERSION", "program_to_dict", "program_from_dict", "to_json", "from_json",
+           "encode_attr", "decode_attr"]
+
+SCHEMA = "ssaexec.program"
+VERSION = 1
+
+_TOP_KEYS = ("schema", "version", "random_seed", "name_counts", "blocks")
+_BLOCK_KEYS = ("idx", "parent_idx", "vars", "ops")
+_VAR_KEYS = ("name", "shape", "dtype", "persistable", "is_parameter", "stop_gradient", "is_data")
+_VAR_FLAGS = _VAR_KEYS[3:]
+_OP_KEYS = ("type", "inputs", "outputs", "attrs", "role", "role_var")
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+# --- writing ------------------------------------------------------------------------------
+def encode_attr(value):
+    """Return the JSON-ready form of one attribute value (see the module docstring)."""
+    if isinstance(value, BlockRef):
+        return {"block": value.idx}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if isinstance(value, (list, tuple)):
+        return [encode_attr(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ProgramError(f"attribute value {value!r} of type {type(value).__name__} cannot be "
+                       "serialised; use int, float, bool, str, None, lists of them or BlockRef")
+
+
+def program_to_dict(program):
+    """Return the JSON-ready dict form of ``program``.
+
+    Parameters
+    ----------
+    program : ProgramDesc
+
+    Returns
+    -------
+    dict
+        Plain JSON values only; ``json.dumps(..., allow_nan=False)`` accepts it.
+    """
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "random_seed": program.random_seed,
+        "name_counts": dict(program._name_counts),
+        "blocks": [_block_to_dict(b) for b in program.blocks],
+    }
+
+
+def _block_to_dict(block):
+    return {
+        "idx": block.idx,
+        "parent_idx": block.parent_idx,
+        "vars": [{k: (list(v.shape) if k == "shape" and v.shape is not None else getattr(v, k))
+                  for k in _VAR_KEYS} for v in block.vars.values()],
+        "ops": [_op_to_dict(op) for op in block.ops],
+    }
+
+
+def _op_to_dict(op):
+    return {
+        "type": op.type,
+        "inputs": {k: list(v) for k, v in op.inputs.items()},
+        "outputs": {k: list(v) for k, v in op.outputs.items()},
+        "attrs": {k: encode_attr(v) for k, v in op.attrs.items()},
+        "role": op.role,
+        "role_var": [list(pair) for pair in op.role_var],
+    }
+
+
+def to_json(program):
+    """Serialise ``program`` to a JSON string (one var or op per line, ends with a newline).
+
+    Parameters
+    ----------
+    program : ProgramDesc
+
+    Returns
+    -------
+    str
+        Standard JSON; ``from_json`` reads it back to an equal program and
+        ``to_json(from_json(s)) == s``.
+    """
+    d = program_to_dict(program)
+    lines = ["{"]
+    lines += [f"  {_dump(k)}: {_dump(d[k])}," for k in _TOP_KEYS[:-1]]
+    if not d["blocks"]:
+        lines.append('  "blocks": []')
+    else:
+        lines.append('  "blocks": [')
+        for i, b in enumerate(d["blocks"]):
+            lines.append("    {")
+            lines.append(f'      "idx": {_dump(b["idx"])},')
+            lines.append(f'      "parent_idx": {_dump(b["parent_idx"])},')
+            lines.append(f'      "vars": {_dump_rows(b["vars"], "      ")},')
+            lines.append(f'      "ops": {_dump_rows(b["ops"], "      ")}')
+            lines.append("    }" + ("," if i + 1 < len(d["blocks"]) else ""))
+        lines.append("  ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dump(value):
+    # allow_nan=False: non-finite floats must have been encoded; a raw one is a bug
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _dump_rows(rows, indent):
+    # One row per line keeps files diffable without exploding shapes over many lines.
+    if not rows:
+        return "[]"
+    body = ",\n".join(f"{indent}  {_dump(r)}" for r in rows)
+    return f"[\n{body}\n{indent}]"
+
+
+# --- reading ------------------------------------------------------------------------------
+class _Malformed(Exception):
+    """A structural problem at a JSON path; turned into ``ProgramError`` by the callers."""
+
+    __slots__ = ("path", "message")
+
+    def __init__(self, path, message):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def _format_path(path):
+    """Render a JSON path (keys and indices) as ``blocks[0].ops[3].inputs["Out@GRAD"]``."""
+    out = ""
+    for key in path:
+        if isinstance(key, int):
+            out += f"[{key}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            out += f".{key}" if out else key
+        else:
+            out += f"[{json.dumps(key)}]"
+    return out or "<root>"
+
+
+def program_from_dict(d, source="<dict>"):
+    """Build a ``ProgramDesc`` from its dict form.
+
+    Parameters
+    ----------
+    d : dict
+        What ``program_to_dict`` returns (or ``json.loads`` of a saved file).
+    source : str
+        Name used in error messages.
+
+    Returns
+    -------
+    ProgramDesc
+
+    Raises
+    ------
+    ProgramError
+        On any structural problem, naming ``source`` and the JSON path.
+    """
+    try:
+        return _decode_program(d)
+    except _Malformed as e:
+        raise ProgramError(f"{source}: {_format_path(e.path)}: {e.message}") from None
+
+
+def from_json(text, source="<string>"):
+    """Parse a program from JSON text.
+
+    Parameters
+    ----------
+    text : str
+        JSON as written by ``to_json``.
+    source : str
+        File name (or other label) used in error messages.
+
+    Returns
+    -------
+    ProgramDesc
+
+    Raises
+    ------
+    ProgramError
+        ``SOURCE:LINE:COL: ...`` for invalid JSON; ``SOURCE:LINE:COL: PATH: ...``
+        for a structural problem (missing key, wrong type, wrong schema or version).
+    """
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProgramError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
+    try:
+        return _decode_program(d)
+    except _Malformed as e:
+        line, col = _locate(text, e.path)
+        raise ProgramError(f"{source}:{line}:{col}: {_format_path(e.path)}: {e.message}") \
+            from None
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _type_name(v):
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            int: "integer", float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _expect(cond, path, what, value):
+    if not cond:
+        raise _Malformed(path, f"expected {what}, found {_type_name(value)} {_short(value)}")
+
+
+def _short(value):
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _object(d, path, keys):
+    """Check ``d`` is an object with exactly ``keys``."""
+    _expect(isinstance(d, dict), path, "an object", d)
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise _Malformed(path, f"missing key {missing[0]!r} (an object here has keys "
+                               f"{', '.join(keys)})")
+    extra = [k for k in d if k not in keys]
+    if extra:
+        raise _Malformed(path + [extra[0]], f"unknown key {extra[0]!r} (expected only "
+                                            f"{', '.join(keys)})")
+
+
+def _decode_program(d):
+    if not isinstance(d, dict):
+        raise _Malformed([], f"not an ssaexec program: expected an object, found "
+                             f"{_type_name(d)} {_short(d)}")
+    # schema and version first: a foreign or newer file should say so, not trip on keys
+    if d.get("schema") != SCHEMA:
+        if "schema" not in d:
+            raise _Malformed([], f"not an ssaexec program: no \"schema\": {json.dumps(SCHEMA)}")
+        raise _Malformed(["schema"], f"not an ssaexec program: schema is "
+                                     f"{_short(d['schema'])}, expected {json.dumps(SCHEMA)}")
+    if "version" not in d:
+        raise _Malformed([], "missing key 'version'")
+    if not _is_int(d["version"]) or d["version"] != VERSION:
+        raise _Malformed(["version"], f"unsupported version {_short(d['version'])}; this "
+                                      f"ssaexec reads version {VERSION} only")
+    _object(d, [], _TOP_KEYS)
+    _expect(_is_int(d["random_seed"]), ["random_seed"], "an integer", d["random_seed"])
+    counts = d["name_counts"]
+    _expect(isinstance(counts, dict), ["name_counts"], "an object", counts)
+    for k, v in counts.items():
+        _expect(_is_int(v), ["name_counts", k], "an integer", v)
+    blocks = d["blocks"]
+    _expect(isinstance(blocks, list) and blocks, ["blocks"], "a non-empty array", blocks)
+
+    program = ProgramDesc(d["random_seed"])
+    program.blocks = []
+    for i, bd in enumerate(blocks):
+        program.blocks.append(_decode_block(program, bd, ["blocks", i], i))
+    program._name_counts = dict(counts)
+    program._version = 0
+    return program
+
+
+def _decode_block(program, bd, path, i):
+    _object(bd, path, _BLOCK_KEYS)
+    _expect(_is_int(bd["idx"]) and bd["idx"] == i, path + ["idx"], f"the integer {i}",
+            bd["idx"])
+    parent = bd["parent_idx"]
+    # parents come first, which rules out cycles; only block 0 has no parent
+    ok = _is_int(parent) and (parent == -1 if i == 0 else -1 <= parent < i)
+    _expect(ok, path + ["parent_idx"],
+            "-1" if i == 0 else f"an integer from -1 to {i - 1} (an earlier block)", parent)
+    block = BlockDesc(program, i, parent)
+    _expect(isinstance(bd["vars"], list), path + ["vars"], "an array", bd["vars"])
+    for j, vd in enumerate(bd["vars"]):
+        var = _decode_var(vd, path + ["vars", j])
+        if var.name in block.vars:
+            raise _Malformed(path + ["vars", j, "name"], f"var {var.name!r} is declared twice "
+                                                         f"in block {i}")
+        block.vars[var.name] = var
+    _expect(isinstance(bd["ops"], list), path + ["ops"], "an array", bd["ops"])
+    block.ops = [_decode_op(od, path + ["ops", j]) for j, od in enumerate(bd["ops"])]
+    return block
+
+
+def _decode_var(vd, path):
+    _object(vd, path, _VAR_KEYS)
+    name = vd["name"]
+    _expect(isinstance(name, str) and name, path + ["name"], "a non-empty string", name)
+    shape = vd["shape"]
+    _expect(shape is None or (isinstance(shape, list) and all(_is_int(x) for x in shape)),
+            path + ["shape"], "null or an array of integers", shape)
+    _expect(isinstance(vd["dtype"], str) and vd["dtype"] in DTYPES, path + ["dtype"],
+            f"a dtype name ({', '.join(DTYPES)})", vd["dtype"])
+    for flag in _VAR_FLAGS:
+        _expect(isinstance(vd[flag], bool), path + [flag], "true or false", vd[flag])
+    return VarDesc(name, shape, vd["dtype"], **{f: vd[f] for f in _VAR_FLAGS})
+
+
+def _decode_slots(slots, path):
+    _expect(isinstance(slots, dict), path, "an object mapping slot names to arrays of var "
+                                           "names", slots)
+    for slot, names in slots.items():
+        _expect(isinstance(names, list) and all(isinstance(n, str) and n for n in names),
+                path + [slot], "an array of non-empty strings (var names)", names)
+    return slots
+
+
+def _decode_op(od, path):
+    _object(od, path, _OP_KEYS)
+    _expect(isinstance(od["type"], str) and od["type"], path + ["type"], "a non-empty string",
+            od["type"])
+    inputs = _decode_slots(od["inputs"], path + ["inputs"])
+    outputs = _decode_slots(od["outputs"], path + ["outputs"])
+    _expect(isinstance(od["attrs"], dict), path + ["attrs"], "an object", od["attrs"])
+    attrs = {k: _decode_attr(v, path + ["attrs", k]) for k, v in od["attrs"].items()}
+    _expect(isinstance(od["role"], str) and od["role"] in ROLES, path + ["role"],
+            f"one of {', '.join(ROLES)}", od["role"])
+    role_var = od["role_var"]
+    _expect(isinstance(role_var, list), path + ["role_var"], "an array of [param, grad] pairs",
+            role_var)
+    for j, pair in enumerate(role_var):
+        _expect(isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(n, str) and n for n in pair),
+                path + ["role_var", j], "a [param, grad] pair of var names", pair)
+    return OpDesc(od["type"], inputs, outputs, attrs, od["role"], role_var)
+
+
+def decode_attr(value, path=()):
+    """Inverse of ``encode_attr``; raises ``ProgramError`` on a value it cannot decode."""
+    try:
+        return _decode_attr(value, list(path))
+    except _Malformed as e:
+        raise ProgramError(f"{_format_path(e.path)}: {e.message}") from None
+
+
+def _decode_attr(value, path):
+    if isinstance(value, list):
+        return [_decode_attr(v, path + [i]) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if list(value) == ["block"] and _is_int(value["block"]) and value["block"] >= 0:
+            return BlockRef(value["block"])
+        if list(value) == ["float"] and isinstance(value["float"], str) \
+                and value["float"] in _NONFINITE:
+            return _NONFINITE[value["float"]]
+        raise _Malformed(path, 'expected an attribute value; the only objects allowed are '
+                               '{"block": INDEX} and {"float": "inf" | "-inf" | "nan"}, found '
+                               f"{_short(value)}")
+    return value  # json only yields null, bool, int, float and str here
+
+
+# --- error locations ------------------------------------------------------------------------
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _locate(text, path):
+    """Line and column (1-based) of the value at ``path`` in valid JSON ``text``.
+
+    Only runs on the error path, so it re-scans rather than have the happy path
+    track positions; it stops at the deepest prefix of ``path`` it can find.
+    """
+    pos = _WS.match(text, 0).end()
+    try:
+        for key in path:
+            pos = _child(text, pos, key)
+    except _NotFound:
+        pass
+    except (ValueError, IndexError):  # cannot happen on valid JSON; keep the best position
+        pass
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return line, col
+
+
+class _NotFound(Exception):
+    __slots__ = ()
+
+
+def _child(text, pos, key):
+    """Position of child ``key`` of the container starting at ``pos``."""
+    opener = text[pos]
+    if opener not in "[{" or isinstance(key, int) != (opener == "["):
+        raise _NotFound
+    pos = _WS.match(text, pos + 1).end()
+    index = 0
+    while text[pos] not in "]}":
+        if opener == "{":
+            name, pos = _DECODER.raw_decode(text, pos)
+            pos = _WS.match(text, pos).end() + 1  # the ':'
+            pos = _WS.match(text, pos).end()
+            if name == key:
+                return pos
+        elif index == key:
+            return pos
+        _, pos = _DECODER.raw_decode(text, pos)
+        pos = _WS.match(text, pos).end()
+        if text[pos] == ",":
+            pos = _WS.match(text, pos + 1).end()
+        index += 1
+    raise _NotFound

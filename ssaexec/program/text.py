@@ -1,0 +1,495 @@
+"""The text form of a program: ``program_to_text`` / ``program_from_text``.
+
+What ``print(program)`` shows, readable in the spirit of Paddle's docs::
+
+    ssaexec-program v1 random_seed=0
+    names fc=1 tmp=3
+
+    block 0 parent=-1 {
+      var x : float32[-1, 13] data stop_gradient
+      var w : float32[13, 1] persistable parameter
+      var h : float32[-1, 1]
+      h = mul(X=x, Y=w) {x_num_col_dims=1, y_num_col_dims=1}
+      {X@GRAD=@EMPTY@, Y@GRAD=w@GRAD} = mul_grad(X=x, Y=w, Out@GRAD=h@GRAD) @backward [w -> w@GRAD]
+    }
+
+Grammar (one statement per line; newlines inside ``()``, ``[]`` and the ``{}``
+of an op do not end it; ``#`` starts a comment outside strings)::
+
+    program  := header [names] block*
+    header   := 'ssaexec-program' 'v1' 'random_seed' '=' INT
+    names    := 'names' (name '=' INT)*                      # ProgramDesc._name_counts
+    block    := 'block' INT 'parent' '=' INT '{' (var | op)* '}'
+    var      := 'var' name ':' DTYPE ['[' INT, ... ']'] FLAG*  # no brackets: shape unknown
+    FLAG     := 'persistable' | 'parameter' | 'data' | 'stop_gradient'
+    op       := outs '=' name '(' slot, ... ')' ['{' name '=' value, ... '}']
+                ['@' ROLE] ['[' name '->' name, ... ']']     # role only when not forward
+    outs     := name                                         # exactly {"Out": [name]}
+              | '{' slot, ... '}'
+    slot     := name '=' (name | '[' name, ... ']')          # one name bare, else a list
+    value    := INT | FLOAT | inf | -inf | nan | true | false | null | STRING
+              | 'block' '(' INT ')' | '[' value, ... ']'
+    name     := WORD | JSON string    # WORD: [A-Za-z0-9_.@/+-]+, not var/block/names
+
+Invariants: ``program_from_text(program_to_text(p)) == p`` and text written by
+``program_to_text`` reads back and re-prints identically (floats use ``repr``, so
+they round-trip bit for bit; ints and floats stay distinct because a float
+always prints with ``.``, ``e``, ``inf`` or ``nan``). The parser is a regex
+tokenizer plus recursive descent; every syntax error raises ``ProgramError``
+``"SOURCE:LINE:COL: expected ..., found ..."``. Nothing is ever evaluated.
+"""
+
+import json
+import math
+import re
+
+from ..errors import ProgramError
+from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
+from .serialize import VERSION
+
+__all__ = ["program_to_text", "program_from_text"]
+
+MAGIC = "ssaexec-program"
+# names that would be misread at the start of a statement (or look like one)
+KEYWORDS = frozenset({"var", "block", "names"})
+_VAR_FLAGS = (("persistable", "persistable"), ("is_parameter", "parameter"),
+              ("is_data", "data"), ("stop_gradient", "stop_gradient"))
+_FLAG_WORDS = {word: attr for attr, word in _VAR_FLAGS}
+
+# A word may contain '-' but not start '->' inside it, so 'a->b' lexes as a, ->, b.
+_WORD = r"(?:[A-Za-z0-9_.@/+]|-(?!>))+"
+_BARE = re.compile(_WORD + r"\Z")
+_INT = re.compile(r"[-+]?[0-9]+\Z")
+_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_NONFINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+# --- printing -----------------------------------------------------------------------------
+def program_to_text(program):
+    """Return the text form of ``program`` (ends with a newline).
+
+    Parameters
+    ----------
+    program : ProgramDesc
+
+    Returns
+    -------
+    str
+        Text that ``program_from_text`` reads back to an equal program.
+    """
+    lines = [f"{MAGIC} v{VERSION} random_seed={program.random_seed}"]
+    if program._name_counts:
+        lines.append("names " + " ".join(f"{_name(k)}={int(v)}"
+                                         for k, v in program._name_counts.items()))
+    for block in program.blocks:
+        lines.append("")
+        lines.append(f"block {block.idx} parent={block.parent_idx} {{")
+        lines += ["  " + _var_text(v) for v in block.vars.values()]
+        lines += ["  " + _op_text(op) for op in block.ops]
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _name(name):
+    if _BARE.match(name) and name not in KEYWORDS:
+        return name
+    return json.dumps(name, ensure_ascii=False)
+
+
+def _var_text(var):
+    text = f"var {_name(var.name)} : {var.dtype}"
+    if var.shape is not None:
+        text += "[" + ", ".join(str(d) for d in var.shape) + "]"
+    for attr, word in _VAR_FLAGS:
+        if getattr(var, attr):
+            text += " " + word
+    return text
+
+
+def _slots_text(slots):
+    parts = []
+    for slot, names in slots.items():
+        value = _name(names[0]) if len(names) == 1 else \
+            "[" + ", ".join(_name(n) for n in names) + "]"
+        parts.append(f"{_name(slot)}={value}")
+    return ", ".join(parts)
+
+
+def _op_text(op):
+    outs = op.outputs
+    if list(outs) == ["Out"] and len(outs["Out"]) == 1:
+        text = _name(outs["Out"][0])
+    else:
+        text = "{" + _slots_text(outs) + "}"
+    text += f" = {_name(op.type)}({_slots_text(op.inputs)})"
+    if op.attrs:
+        text += " {" + ", ".join(f"{_name(k)}={_value(v)}" for k, v in op.attrs.items()) + "}"
+    if op.role != "forward":
+        text += " @" + op.role
+    if op.role_var:
+        text += " [" + ", ".join(f"{_name(p)} -> {_name(g)}" for p, g in op.role_var) + "]"
+    return text
+
+
+def _value(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)  # shortest round-tripping form; 'inf', '-inf', 'nan' included
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, BlockRef):
+        return f"block({v.idx})"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise ProgramError(f"attribute value {v!r} of type {type(v).__name__} has no text form")
+
+
+# --- tokenizing ---------------------------------------------------------------------------
+_TOKEN = re.compile(r"""
+    (?P<SKIP>[ \t\r\f]+|\#[^\n]*)
+  | (?P<NL>\n)
+  | (?P<STRING>"(?:[^"\\\n]|\\.)*")
+  | (?P<ARROW>->)
+  | (?P<WORD>""" + _WORD + r""")
+  | (?P<PUNCT>[{}()\[\],=:])
+""", re.VERBOSE)
+
+
+class _Token:
+    __slots__ = ("kind", "value", "line", "col")
+
+    def __init__(self, kind, value, line, col):
+        self.kind = kind
+        self.value = value
+        self.line = line
+        self.col = col
+
+    def describe(self):
+        if self.kind == "NL":
+            return "end of line"
+        if self.kind == "EOF":
+            return "end of input"
+        if self.kind == "STRING":
+            return f"string {json.dumps(self.value, ensure_ascii=False)}"
+        return f"'{self.value}'"
+
+
+def _tokenize(text, source):
+    tokens = []
+    pos, line, line_start = 0, 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        col = pos - line_start + 1
+        if m is None:
+            what = "unterminated string" if text[pos] == '"' else f"character {text[pos]!r}"
+            raise ProgramError(f"{source}:{line}:{col}: unexpected {what}")
+        kind, raw = m.lastgroup, m.group()
+        if kind == "NL":
+            tokens.append(_Token("NL", raw, line, col))
+            line, line_start = line + 1, m.end()
+        elif kind == "STRING":
+            try:
+                value = json.loads(raw)
+            except ValueError as e:
+                raise ProgramError(f"{source}:{line}:{col}: bad string {raw}: {e}") from None
+            tokens.append(_Token("STRING", value, line, col))
+        elif kind != "SKIP":
+            tokens.append(_Token(kind, raw, line, col))
+        pos = m.end()
+    tokens.append(_Token("EOF", "", line, len(text) - line_start + 1))
+    return tokens
+
+
+# --- parsing ------------------------------------------------------------------------------
+def program_from_text(text, source="<string>"):
+    """Parse the text form of a program.
+
+    Parameters
+    ----------
+    text : str
+        Text as written by ``program_to_text`` (hand edits welcome).
+    source : str
+        File name (or other label) used in error messages.
+
+    Returns
+    -------
+    ProgramDesc
+
+    Raises
+    ------
+    ProgramError
+        ``"SOURCE:LINE:COL: expected ..., found ..."`` on any syntax error.
+    """
+    return _Parser(text, source).program()
+
+
+class _Parser:
+    """Recursive descent over the token list; ``depth`` > 0 means newlines are blanks."""
+
+    __slots__ = ("source", "tokens", "pos", "depth")
+
+    def __init__(self, text, source):
+        self.source = source
+        self.tokens = _tokenize(text, source)
+        self.pos = 0
+        self.depth = 0
+
+    # -- token helpers
+    def peek(self):
+        if self.depth:
+            while self.tokens[self.pos].kind == "NL":
+                self.pos += 1
+        return self.tokens[self.pos]
+
+    def advance(self):
+        tok = self.peek()
+        if tok.kind != "EOF":
+            self.pos += 1
+        return tok
+
+    def fail(self, tok, message):
+        raise ProgramError(f"{self.source}:{tok.line}:{tok.col}: {message}")
+
+    def expected(self, what, tok=None):
+        tok = tok or self.peek()
+        self.fail(tok, f"expected {what}, found {tok.describe()}")
+
+    def at(self, kind, value=None):
+        tok = self.peek()
+        return tok.kind == kind and (value is None or tok.value == value)
+
+    def expect(self, kind, value=None, what=None):
+        if not self.at(kind, value):
+            self.expected(what or f"'{value}'")
+        return self.advance()
+
+    def skip_blank_lines(self):
+        while self.tokens[self.pos].kind == "NL":
+            self.pos += 1
+
+    def end_of_line(self):
+        if not (self.at("NL") or self.at("EOF")):
+            self.expected("end of line")
+        self.advance()
+
+    def open(self, char):
+        self.expect("PUNCT", char)
+        self.depth += 1
+
+    def close(self, char, what):
+        if not self.at("PUNCT", char):
+            self.expected(f"{what} or '{char}'")
+        self.depth -= 1
+        self.advance()
+
+    def comma_list(self, close, item, what):
+        """``item`` repeated, separated by commas (trailing comma allowed), then ``close``."""
+        items = []
+        while not self.at("PUNCT", close):
+            items.append(item())
+            if not self.at("PUNCT", ","):
+                break
+            self.advance()
+        self.close(close, "','" if items else what)
+        return items
+
+    def integer(self, what="an integer"):
+        tok = self.peek()
+        if tok.kind != "WORD" or not _INT.match(tok.value):
+            self.expected(what)
+        self.advance()
+        return int(tok.value)
+
+    def name(self, what="a name", allow_empty=False):
+        tok = self.peek()
+        if tok.kind not in ("WORD", "STRING") or not (tok.value or allow_empty):
+            self.expected(what)
+        return self.advance().value
+
+    # -- grammar
+    def program(self):
+        self.skip_blank_lines()
+        if not self.at("WORD", MAGIC):
+            self.expected(f"the header '{MAGIC} v{VERSION} random_seed=N'")
+        self.advance()
+        tok = self.peek()
+        m = re.fullmatch(r"v([0-9]+)", tok.value) if tok.kind == "WORD" else None
+        if m is None:
+            self.expected(f"a version like 'v{VERSION}'")
+        if int(m.group(1)) != VERSION:
+            self.fail(tok, f"unsupported version {m.group(1)}; this ssaexec reads version "
+                           f"{VERSION} only")
+        self.advance()
+        self.expect("WORD", "random_seed")
+        self.expect("PUNCT", "=")
+        program = ProgramDesc(self.integer("the random seed (an integer)"))
+        program.blocks = []
+        self.end_of_line()
+        self.skip_blank_lines()
+        if self.at("WORD", "names"):
+            self.advance()
+            while not (self.at("NL") or self.at("EOF")):
+                key = self.name("a name prefix", allow_empty=True)
+                self.expect("PUNCT", "=")
+                program._name_counts[key] = self.integer("a name count (an integer)")
+            self.end_of_line()
+        self.skip_blank_lines()
+        while not self.at("EOF"):
+            program.blocks.append(self.block(program))
+            self.skip_blank_lines()
+        if not program.blocks:
+            self.expected("'block 0 parent=-1 {'")
+        program._version = 0
+        return program
+
+    def block(self, program):
+        idx = len(program.blocks)
+        self.expect("WORD", "block", "'block'" if idx else "'block 0 parent=-1 {'")
+        tok = self.peek()
+        if self.integer("a block index") != idx:
+            self.expected(f"block index {idx} (blocks are listed in order)", tok)
+        self.expect("WORD", "parent")
+        self.expect("PUNCT", "=")
+        tok = self.peek()
+        parent = self.integer("a parent block index")
+        if not (parent == -1 if idx == 0 else -1 <= parent < idx):
+            self.expected("-1 (block 0 has no parent)" if idx == 0 else
+                          f"a parent index from -1 to {idx - 1} (an earlier block)", tok)
+        self.expect("PUNCT", "{")
+        self.end_of_line()
+        block = BlockDesc(program, idx, parent)
+        while True:
+            self.skip_blank_lines()
+            if self.at("PUNCT", "}"):
+                break
+            if self.at("EOF"):
+                self.expected(f"a var, an op or '}}' closing block {idx}")
+            if self.at("WORD", "var"):
+                self.var(block)
+            else:
+                block.ops.append(self.op())
+            self.end_of_line()
+        self.advance()
+        self.end_of_line()
+        return block
+
+    def var(self, block):
+        self.advance()
+        tok = self.peek()
+        name = self.name("a var name")
+        if name in block.vars:
+            self.fail(tok, f"var {name!r} is declared twice in block {block.idx}")
+        self.expect("PUNCT", ":")
+        tok = self.peek()
+        if tok.kind != "WORD" or tok.value not in DTYPES:
+            self.expected(f"a dtype ({', '.join(DTYPES)})")
+        dtype = self.advance().value
+        shape = None
+        if self.at("PUNCT", "["):
+            self.open("[")
+            shape = self.comma_list("]", lambda: self.integer("a dimension (an integer)"),
+                                    "a dimension")
+        flags = {}
+        while self.at("WORD") and self.peek().value in _FLAG_WORDS:
+            flags[_FLAG_WORDS[self.advance().value]] = True
+        if not (self.at("NL") or self.at("EOF")):
+            self.expected(f"a var flag ({', '.join(_FLAG_WORDS)}) or end of line")
+        block.vars[name] = VarDesc(name, shape, dtype, **flags)
+
+    def slots(self, close):
+        def slot():
+            tok = self.peek()
+            key = self.name("a slot name", allow_empty=True)
+            self.expect("PUNCT", "=")
+            if self.at("PUNCT", "["):
+                self.open("[")
+                names = self.comma_list("]", lambda: self.name("a var name"), "a var name")
+            else:
+                names = [self.name("a var name or '['")]
+            return tok, key, names
+        return self._unique(self.comma_list(close, slot, "a slot"), "slot")
+
+    def _unique(self, items, what):
+        out = {}
+        for tok, key, value in items:
+            if key in out:
+                self.fail(tok, f"{what} {key!r} appears twice")
+            out[key] = value
+        return out
+
+    def op(self):
+        first = self.peek()
+        if self.at("PUNCT", "{"):
+            self.open("{")
+            outputs = self.slots("}")
+        elif first.kind in ("WORD", "STRING"):
+            outputs = {"Out": [self.name()]}
+        else:
+            self.expected("'var', an op ('out = type(...)' or '{Slot=out, ...} = type(...)') "
+                          "or '}'")
+        self.expect("PUNCT", "=")
+        op_type = self.name("an op type")
+        self.open("(")
+        inputs = self.slots(")")
+        attrs = {}
+        if self.at("PUNCT", "{"):
+            self.open("{")
+
+            def attr():
+                tok = self.peek()
+                key = self.name("an attribute name", allow_empty=True)
+                self.expect("PUNCT", "=")
+                return tok, key, self.value()
+            attrs = self._unique(self.comma_list("}", attr, "an attribute"), "attribute")
+        role = "forward"
+        tok = self.peek()
+        if tok.kind == "WORD" and tok.value.startswith("@"):
+            if tok.value[1:] not in ROLES:
+                self.expected(f"a role (@{', @'.join(ROLES)})")
+            role = self.advance().value[1:]
+        role_var = []
+        if self.at("PUNCT", "["):
+            self.open("[")
+
+            def pair():
+                param = self.name("a parameter name")
+                self.expect("ARROW", what="'->'")
+                return param, self.name("a gradient name")
+            role_var = self.comma_list("]", pair, "a 'param -> grad' pair")
+        try:
+            return OpDesc(op_type, inputs, outputs, attrs, role, role_var)
+        except ProgramError as e:  # pragma: no cover - the grammar already rules these out
+            self.fail(first, str(e))
+
+    def value(self):
+        tok = self.peek()
+        if tok.kind == "STRING":
+            return self.advance().value
+        if self.at("PUNCT", "["):
+            self.open("[")
+            return self.comma_list("]", self.value, "a value")
+        if tok.kind == "WORD":
+            word = tok.value
+            if word == "block":
+                self.advance()
+                self.open("(")
+                idx = self.integer("a block index")
+                self.close(")", "a block index")
+                return BlockRef(idx)
+            constant = {"true": True, "false": False, "null": None}
+            if word in constant:
+                self.advance()
+                return constant[word]
+            if _INT.match(word):
+                self.advance()
+                return int(word)
+            if word in _NONFINITE or _FLOAT.match(word):
+                self.advance()
+                return _NONFINITE.get(word) or float(word)
+        self.expected("an attribute value (number, true, false, null, \"string\", [list] or "
+                      "block(N))")

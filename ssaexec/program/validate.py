@@ -1,0 +1,273 @@
+"""Static checks of a program: ``validate_program`` raises ``ProgramError`` on the first problem.
+
+Every message starts ``block B, op I (TYPE): `` (or ``block B: `` for block-level
+problems), names the var or slot at fault and ends with a hint. Checks, per op in
+program order (a sub-block is checked right after the checks of the op that owns
+it, before that op's outputs count as written):
+
+1. the op type is registered;
+2. sub-block references (``BlockRef`` attrs) point at an existing block other
+   than 0 and the op's own block, whose ``parent_idx`` is the op's block;
+3. slots: required ones present, no unknown ones, a non-duplicable slot holds
+   exactly one name (an optional slot may also be an empty list: absent);
+4. attrs: known names, right types (``registry.check_attr``), required ones set;
+5. every var named by the op is declared in its block or an ancestor;
+6. data flow: a read is fine when the var is persistable or data, or was written
+   earlier in program order (for a sub-block: earlier in it, or in an ancestor
+   block before the owning op). A var that no op anywhere writes is reported as
+   "never written", one written only later as "use before definition";
+7. shape/dtype inference (``registry.infer_outputs``) succeeds on the declared
+   input shapes and agrees with the declared outputs (-1 and unknown shapes
+   match anything).
+
+``EMPTY_VAR`` (``"@EMPTY@"``) may stand in any slot for "not produced/absent";
+such an op skips inference. Writes are tracked per (declaring block, name) so a
+sub-block var shadowing a parent var is a different var. A sub-block's writes
+to outer vars become visible only through the owning op's outputs, which is
+what the executor guarantees. Blocks no op refers to are checked last with
+every write of their ancestors visible (lenient: nothing says when they run).
+"""
+
+from ..errors import ProgramError
+from ..ops.registry import REQUIRED, check_attr, get_op_def, infer_outputs
+from .desc import EMPTY_VAR
+
+__all__ = ["validate_program"]
+
+
+def validate_program(program):
+    """Check ``program``; raise ``ProgramError`` describing the first problem found.
+
+    Parameters
+    ----------
+    program : ProgramDesc
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ProgramError
+        Naming block index, op index, op type and the var or slot at fault, with
+        a hint.
+    """
+    _check_block_tree(program)
+    _Validator(program).run()
+
+
+def _check_block_tree(program):
+    # Parents must come first; that keeps ancestor walks finite before anything else runs.
+    for i, block in enumerate(program.blocks):
+        if block.idx != i:
+            raise ProgramError(f"block {i}: its idx is {block.idx}; hint: blocks must be "
+                               "numbered by their position in program.blocks")
+        ok = block.parent_idx == -1 if i == 0 else 0 <= block.parent_idx < i
+        if not ok:
+            want = "-1" if i == 0 else f"an earlier block (0..{i - 1})"
+            raise ProgramError(f"block {i}: parent_idx is {block.parent_idx}, expected {want}; "
+                               "hint: create sub-blocks with program.create_block(parent_idx)")
+
+
+def _fmt_specs(in_specs):
+    parts = []
+    for slot, specs in in_specs.items():
+        shown = [f"{list(sh) if sh is not None else '?'} {dt}" for sh, dt in specs]
+        parts.append(f"{slot}=" + (shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"))
+    return ", ".join(parts) or "no inputs"
+
+
+class _Validator:
+    __slots__ = ("program", "all_written", "visited")
+
+    def __init__(self, program):
+        self.program = program
+        # every (declaring block, name) some op writes, to tell "never written" apart
+        self.all_written = set()
+        for block in program.blocks:
+            for op in block.ops:
+                for name in op.output_names():
+                    owner = self._owner(block, name)
+                    if owner is not None:
+                        self.all_written.add((owner, name))
+        self.visited = set()
+
+    def run(self):
+        self._block(0, set())
+        for block in self.program.blocks[1:]:
+            if block.idx not in self.visited:
+                outer = set(self._ancestors(block.parent_idx))
+                self._block(block.idx, {key for key in self.all_written if key[0] in outer})
+
+    def _ancestors(self, idx):
+        out = []
+        while idx >= 0:
+            out.append(idx)
+            idx = self.program.blocks[idx].parent_idx
+        return out
+
+    def _owner(self, block, name):
+        while block is not None:
+            if name in block.vars:
+                return block.idx
+            block = block.parent
+        return None
+
+    def _block(self, bi, written):
+        """Check block ``bi``; ``written`` holds (owner, name) pairs already written."""
+        self.visited.add(bi)
+        block = self.program.blocks[bi]
+        for oi, op in enumerate(block.ops):
+            where = f"block {bi}, op {oi} ({op.type})"
+            op_def = self._op_def(op, where)
+            subs = self._sub_blocks(op, bi, where)
+            self._slots(op, op_def, where)
+            self._attrs(op, op_def, where)
+            self._declared(block, op, where)
+            self._reads(block, op, written, where)
+            for sub in subs:
+                if sub not in self.visited:
+                    self._block(sub, set(written))
+            self._infer(block, op, op_def, where)
+            for name in op.output_names():
+                written.add((self._owner(block, name), name))
+
+    # -- 1. op type
+    def _op_def(self, op, where):
+        try:
+            return get_op_def(op.type)
+        except ProgramError as e:
+            msg = str(e)
+            sep = " " if msg.endswith("?") else "; "
+            raise ProgramError(f"{where}: {msg}{sep}hint: see "
+                               "ssaexec.ops.registry.registered_ops()") from None
+
+    # -- 2. sub-blocks
+    def _sub_blocks(self, op, bi, where):
+        subs = op.sub_blocks()
+        n = len(self.program.blocks)
+        for idx in subs:
+            if not 0 <= idx < n:
+                problem = f"refers to block {idx}, but the program has {n} blocks"
+            elif idx == 0:
+                problem = "refers to block 0 (the global block) as its sub-block"
+            elif idx == bi:
+                problem = f"refers to its own block {bi} as its sub-block"
+            elif self.program.blocks[idx].parent_idx != bi:
+                problem = (f"refers to block {idx}, whose parent is block "
+                           f"{self.program.blocks[idx].parent_idx}, not block {bi}")
+            else:
+                continue
+            raise ProgramError(f"{where}: {problem}; hint: create the sub-block with "
+                               f"program.create_block(parent_idx={bi}) and pass BlockRef(its idx)")
+        return subs
+
+    # -- 3. slots
+    def _slots(self, op, op_def, where):
+        for kind, given, declared in (("input", op.inputs, op_def.inputs),
+                                      ("output", op.outputs, op_def.outputs)):
+            known = {s.name: s for s in declared}
+            for slot in given:
+                if slot not in known:
+                    raise ProgramError(
+                        f"{where}: unknown {kind} slot {slot!r}; hint: {op.type} has {kind} "
+                        f"slots {', '.join(known) or 'none'}")
+            for s in declared:
+                names = given.get(s.name)
+                if names is None:
+                    if s.optional:
+                        continue
+                    raise ProgramError(f"{where}: missing required {kind} slot {s.name!r}; "
+                                       f"hint: pass {s.name}=<var name>")
+                if not s.duplicable and len(names) != 1 and not (s.optional and not names):
+                    raise ProgramError(
+                        f"{where}: {kind} slot {s.name!r} holds {len(names)} vars {names}, "
+                        f"but it takes exactly one; hint: only duplicable slots take lists")
+
+    # -- 4. attrs
+    def _attrs(self, op, op_def, where):
+        for name, value in op.attrs.items():
+            problem = check_attr(op_def, name, value)
+            if problem:
+                raise ProgramError(f"{where}: {problem}; hint: see the attrs of "
+                                   f"get_op_def({op.type!r})")
+        for name, (kind, default) in op_def.attrs.items():
+            if default is REQUIRED and name not in op.attrs:
+                raise ProgramError(f"{where}: missing required attribute {name!r} ({kind}); "
+                                   f"hint: pass attrs={{{name!r}: ...}}")
+
+    # -- 5. declarations
+    def _declared(self, block, op, where):
+        for kind, slots in (("input", op.inputs), ("output", op.outputs)):
+            for slot, names in slots.items():
+                for name in names:
+                    if name != EMPTY_VAR and block.find_var(name) is None:
+                        raise ProgramError(
+                            f"{where}: {kind} slot {slot!r} names var {name!r}, which is not "
+                            f"declared in block {block.idx} or its ancestors; hint: declare "
+                            f"it with block.create_var({name!r}, shape, dtype)")
+
+    # -- 6. data flow
+    def _reads(self, block, op, written, where):
+        for slot, names in op.inputs.items():
+            for name in names:
+                if name == EMPTY_VAR:
+                    continue
+                var = block.find_var(name)
+                key = (self._owner(block, name), name)
+                if var.persistable or var.is_data or key in written:
+                    continue
+                if key not in self.all_written:
+                    raise ProgramError(
+                        f"{where}: input slot {slot!r} reads var {name!r}, which no op ever "
+                        f"writes (never written); hint: mark it is_data=True to feed it, "
+                        f"persistable=True to initialise it in a startup program, or add the "
+                        f"op that produces it")
+                raise ProgramError(
+                    f"{where}: input slot {slot!r} reads var {name!r} before any op writes it "
+                    f"(use before definition); hint: move this op after the op that "
+                    f"produces {name!r}")
+
+    # -- 7. shapes and dtypes
+    def _infer(self, block, op, op_def, where):
+        in_specs = {}
+        for slot, names in op.inputs.items():
+            if EMPTY_VAR in names:
+                return  # an absent entry in a slot: nothing sound to infer from
+            if names:
+                in_specs[slot] = [(v.shape, v.dtype) for v in map(block.find_var, names)]
+        try:
+            result = infer_outputs(op_def, op, in_specs)
+        except Exception as e:  # any kernel failure on meta tensors is an incompatibility
+            raise ProgramError(
+                f"{where}: shape inference failed for inputs {_fmt_specs(in_specs)}: "
+                f"{type(e).__name__}: {str(e).rstrip('.')}; hint: check the declared input "
+                f"shapes and the attrs {op.attrs} (-1 dims are probed as 5 and 7)") from e
+        for slot, specs in (result or {}).items():
+            names = op.outputs.get(slot, [])
+            if specs is None or not names:
+                continue
+            if len(specs) != len(names):
+                raise ProgramError(
+                    f"{where}: output slot {slot!r} lists {len(names)} vars {names} but the "
+                    f"op produces {len(specs)}; hint: list one var per produced value")
+            for name, spec in zip(names, specs, strict=True):
+                if name != EMPTY_VAR and spec is not None:
+                    self._compare(block, slot, name, spec, in_specs, where)
+
+    def _compare(self, block, slot, name, spec, in_specs, where):
+        shape, dtype = spec
+        var = block.find_var(name)
+        if dtype is not None and var.dtype != dtype:
+            raise ProgramError(
+                f"{where}: output slot {slot!r} var {name!r} is declared {var.dtype} but the op "
+                f"produces {dtype} (inputs {_fmt_specs(in_specs)}); hint: declare {name!r} "
+                f"with dtype={dtype!r}")
+        if shape is None or var.shape is None:
+            return
+        if len(shape) != len(var.shape) or any(
+                a != b and a != -1 and b != -1 for a, b in zip(shape, var.shape, strict=True)):
+            raise ProgramError(
+                f"{where}: output slot {slot!r} var {name!r} is declared with shape "
+                f"{var.shape} but the op produces {list(shape)} (inputs "
+                f"{_fmt_specs(in_specs)}); hint: fix the declared shape (-1 matches any size)")
