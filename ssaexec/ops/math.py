@@ -57,11 +57,18 @@ def _add_sub_grad(sign):
         x, y, g = ins["X"], ins["Y"], ins["Out@GRAD"]
         out = {}
         if wanted.get("X@GRAD", [False])[0]:
-            out["X@GRAD"] = _sum_to(g, x.shape)
+            gx = _sum_to(g, x.shape)
+            # never hand back Out@GRAD itself: X@GRAD and Y@GRAD are separate vars,
+            # and an in-place all-reduce of one must not change the other
+            out["X@GRAD"] = gx.clone() if gx is g else gx
         if wanted.get("Y@GRAD", [False])[0]:
             y_al = _align_y(x, y, attrs["axis"])
-            gy = _sum_to(g, y_al.shape).reshape(y.shape)
-            out["Y@GRAD"] = gy if sign > 0 else -gy
+            gy = _sum_to(g, y_al.shape)
+            if sign < 0:
+                gy = -gy
+            elif gy is g:
+                gy = gy.clone()
+            out["Y@GRAD"] = gy.reshape(y.shape)
         return out
     return grad
 

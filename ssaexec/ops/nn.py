@@ -53,9 +53,9 @@ def batch_norm(ins, attrs):
     """Y = batch-normalised X; training mode also updates the running statistics."""
     x = ins["X"]
     training = not (attrs["is_test"] or attrs["use_global_stats"])
-    mean, var = ins["Mean"], ins["Variance"]
-    if training:
-        mean, var = mean.clone(), var.clone()
+    # copies in both modes: training updates them in place, and in test mode
+    # MeanOut/VarianceOut must still be fresh tensors, not the Mean/Variance inputs
+    mean, var = ins["Mean"].clone(), ins["Variance"].clone()
     y, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
         x, ins["Scale"], ins["Bias"], mean, var, training, 1.0 - attrs["momentum"],
         attrs["epsilon"])
@@ -83,7 +83,11 @@ _POOL_ATTRS = {"pooling_type": ("str", "max"), "ksize": ("ints", [2, 2]),
 
 @register_op("pool2d", ["X"], ["Out"], _POOL_ATTRS)
 def pool2d(ins, attrs):
-    """Out = max or average pooling of X (NCHW); ``global_pooling`` pools to 1x1."""
+    """Out = max or average pooling of X (NCHW); ``global_pooling`` pools to 1x1.
+
+    ``exclusive`` averages divide by the cells of the window inside X; otherwise
+    by the whole kernel area, padding counting as zeros (Paddle's rule).
+    """
     x = ins["X"]
     kind = attrs["pooling_type"]
     if kind not in ("max", "avg"):
@@ -95,9 +99,13 @@ def pool2d(ins, attrs):
     k, s, p = _pair(attrs["ksize"]), _pair(attrs["strides"]), _pair(attrs["paddings"])
     if kind == "max":
         out = F.max_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"])
+    elif attrs["exclusive"]:
+        out = F.avg_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"], count_include_pad=False)
     else:
-        out = F.avg_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"],
-                           count_include_pad=not attrs["exclusive"])
+        # Paddle divides by the full kernel area; torch's count_include_pad clips
+        # windows that hang past the padding (ceil_mode) and would divide by less
+        out = F.avg_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"], count_include_pad=True,
+                           divisor_override=k[0] * k[1])
     return {"Out": out}
 
 
@@ -132,15 +140,20 @@ def dropout(ins, attrs):
     gen = _generator(attrs["seed"], x.device) if attrs["seed"] else None
     keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= p
     mask = keep.to(torch.uint8)
-    return {"Out": x * keep.to(x.dtype) / (1.0 - p), "Mask": mask}
+    return {"Out": x * keep.to(x.dtype) * _keep_scale(p), "Mask": mask}
+
+
+def _keep_scale(p):
+    # p == 1 drops everything (the mask is all zeros); 1 / (1 - p) would give 0 * inf = nan
+    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
 
 
 @register_grad("dropout", uses=["Mask"])
 def dropout_grad(ins, attrs, wanted):
     g, p = ins["Out@GRAD"], attrs["dropout_prob"]
     if attrs["is_test"] or p == 0.0:
-        return {"X@GRAD": g}
-    return {"X@GRAD": g * ins["Mask"].to(g.dtype) / (1.0 - p)}
+        return {"X@GRAD": g.clone()}   # a fresh tensor, not Out@GRAD itself
+    return {"X@GRAD": g * ins["Mask"].to(g.dtype) * _keep_scale(p)}
 
 
 @register_op("lookup_table", ["W", "Ids!"], ["Out"], {"padding_idx": ("int", -1)})

@@ -272,6 +272,7 @@ def _register_auto_grad(fwd):
             k += count
         grads = vjp_fn(tuple(c.to(o.dtype) if c.dtype != o.dtype else c
                              for c, o in zip(cot, outs, strict=True)))
+        grads = _unaliased(grads, ins)
         result = {}
         for (n, i), g in zip(diff, grads, strict=True):
             key = n + "@GRAD"
@@ -284,6 +285,32 @@ def _register_auto_grad(fwd):
 
     _REGISTRY[fwd.type + "_grad"] = _make_grad_def(fwd, vjp_kernel, uses)
     fwd.grad_uses = uses
+
+
+def _unaliased(grads, ins):
+    """``grads`` with every tensor that shares memory with an input (or another grad) copied.
+
+    vjp hands back the cotangent itself, or a view of it, for linear ops (assign,
+    reshape, sum, reduce_sum, concat ...), and the same tensor for several
+    inputs of ``sum``. Kernels must return fresh tensors: the executor binds
+    each result to its own var, and an in-place update of one (an in-place
+    all-reduce of a parameter's gradient) must not change another.
+    """
+    taken = set()
+    for v in ins.values():
+        for t in (v if isinstance(v, list) else [v]):
+            if isinstance(t, torch.Tensor) and t.numel():
+                taken.add(t.untyped_storage().data_ptr())
+    out = []
+    for g in grads:
+        if g.numel():
+            ptr = g.untyped_storage().data_ptr()
+            if ptr in taken:
+                g = g.clone(memory_format=torch.contiguous_format)
+                ptr = g.untyped_storage().data_ptr()
+            taken.add(ptr)
+        out.append(g)
+    return out
 
 
 def get_op_def(type, missing_ok=False):

@@ -38,7 +38,8 @@ def flatten(ins, attrs):
 @register_op("transpose", ["X"], ["Out"], {"axis": ("ints", REQUIRED)})
 def transpose(ins, attrs):
     """Out = X with dimensions permuted by ``axis``."""
-    return {"Out": ins["X"].permute(attrs["axis"]).contiguous()}
+    # not .contiguous(): it returns X itself for the identity permutation
+    return {"Out": ins["X"].permute(attrs["axis"]).clone(memory_format=torch.contiguous_format)}
 
 
 @register_op("concat", ["X*"], ["Out"], {"axis": ("int", 0)})
@@ -50,15 +51,30 @@ def concat(ins, attrs):
 @register_op("split", ["X"], ["Out*"],
              {"num": ("int", 0), "sections": ("ints", []), "axis": ("int", 0)})
 def split(ins, attrs):
-    """Out = X cut along ``axis`` into ``num`` equal parts or the given ``sections``."""
+    """Out = X cut along ``axis`` into ``num`` equal parts or ``sections`` (one may be -1)."""
     x, axis = ins["X"], attrs["axis"]
+    size = x.shape[axis]
     if attrs["sections"]:
-        parts = torch.split(x, attrs["sections"], dim=axis)
+        sections = list(attrs["sections"])
+        if sections.count(-1) > 1:
+            raise ValueError(f"split: at most one section may be -1, got {sections}")
+        if -1 in sections:
+            # Paddle's rule: one -1 section takes what the others leave
+            sections[sections.index(-1)] = size - (sum(sections) + 1)
+        if sum(sections) != size or min(sections) < 0:
+            raise ValueError(f"split: sections {attrs['sections']} do not add up to the "
+                             f"size {size} of axis {axis}")
     else:
-        if attrs["num"] <= 0:
+        num = attrs["num"]
+        if num <= 0:
             raise ValueError("split needs num > 0 or sections")
-        parts = torch.chunk(x, attrs["num"], dim=axis)
-    return {"Out": [p.contiguous().clone() for p in parts]}
+        # torch.chunk would quietly return fewer parts; Paddle requires equal parts
+        if size % num:
+            raise ValueError(f"split: axis {axis} of size {size} does not divide into "
+                             f"{num} equal parts")
+        sections = [size // num] * num
+    parts = torch.split(x, sections, dim=axis)
+    return {"Out": [p.clone(memory_format=torch.contiguous_format) for p in parts]}
 
 
 @register_op("unsqueeze", ["X"], ["Out"], {"axes": ("ints", REQUIRED)})
@@ -72,8 +88,11 @@ def unsqueeze(ins, attrs):
 
 @register_op("squeeze", ["X"], ["Out"], {"axes": ("ints", REQUIRED)})
 def squeeze(ins, attrs):
-    """Out = X without the size-1 dimensions at ``axes``."""
+    """Out = X without the size-1 dimensions at ``axes`` (every size-1 dim when empty)."""
     x = ins["X"]
-    for a in sorted(attrs["axes"], reverse=True):
+    if not attrs["axes"]:
+        return {"Out": x.squeeze().clone()}
+    # normalise first: sorting mixed signs ([-2, 0]) would drop a dim before its turn
+    for a in sorted({a % x.dim() for a in attrs["axes"]}, reverse=True):
         x = x.squeeze(a)
     return {"Out": x.clone()}
