@@ -150,3 +150,29 @@ def test_batch_norm_keeps_per_place_statistics():
         pe.run([loss], feed={"img": x, "label": torch.zeros(4, 1, dtype=torch.int64)})
         m0, m1 = (s.find_var("batch_norm_0.w_1") for s in pe.local_scopes)
         assert not torch.allclose(m0, m1)
+
+
+@pytest.mark.parametrize("bucket_mb", [0.0005, 0.01, 25])
+def test_fused_all_reduce_matches_unfused(bucket_mb):
+    main, startup, loss = build_cnn("float64", make_optimizer("adam", 0.05), size=8,
+                                    filters=(3, 4), batch_norm=False)
+    xs, ys = _data(2, 2, [1, 8, 8], seed=7)
+    ref_losses, ref_scope = _sequential(main, startup, loss, xs, ys)
+    strategy = se.BuildStrategy(fuse_all_reduce_ops=True, fuse_bucket_mb=bucket_mb)
+    graph = se.build_ssa_graph(main, se.cpu_places(2), strategy)
+    graph.lint()
+    buckets = [op.var_names for op in graph.collectives]
+    assert sorted(n for b in buckets for n in b) == sorted(g for _, g in graph.param_grads())
+    if bucket_mb == 25:
+        assert len(buckets) == 1  # the whole model is smaller than the first bucket
+    if bucket_mb == 0.0005:
+        assert len(buckets) > 2
+    scope = se.Scope()
+    with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, strategy, scope=scope) as pe:
+        losses = torch.stack([pe.run([loss], feed={"img": x, "label": y})[0]
+                              for x, y in zip(xs, ys, strict=True)])
+        assert torch.allclose(losses, ref_losses, rtol=1e-6)
+        for p in main.all_parameters():
+            for s in pe.local_scopes:
+                assert torch.allclose(s.find_var(p.name), ref_scope.find_var(p.name), rtol=1e-6,
+                                      atol=1e-9)

@@ -12,6 +12,9 @@ edges). Then, as RAF's AutoDataParallel pass does after autodiff:
   it is a no-op locally but still the hook for cross-process reduction): an all-reduce, or with the
   ``reduce`` strategy a reduce to the parameter's owner place, whose optimizer
   op alone runs and is followed by a broadcast of the parameter;
+* with ``fuse_all_reduce_ops``, gradients are bucketed (``graph.fuse``) and
+  each bucket gets one all-reduce when it fills (or when an op reads one of
+  its gradients, or at the end of the program);
 * all collectives are chained by dummy edges in the order they were created,
   which is the program order and so the same on every process.
 
@@ -23,26 +26,30 @@ from ..errors import GraphError, ProgramError
 from ..program.desc import EMPTY_VAR, Program, torch_dtype
 from ..runtime.place import Place
 from ..strategy import BuildStrategy
+from .fuse import GradBucketer
 from .ssa import (AllReduceOpHandle, BroadcastOpHandle, ComputationOpHandle, FetchOpHandle,
                   ReduceOpHandle, ScaleLossGradOpHandle, SSAGraph)
 
 __all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners"]
 
 
-def _sub_block_io(program, idx, reads, writes, seen):
+def _sub_block_io(program, idx, reads, writes, seen, local=frozenset()):
     if idx in seen:
         raise ProgramError(f"sub-block {idx} refers back to itself")
     seen = seen | {idx}
     block = program.block(idx)
+    # Names declared in this block or in an enclosing sub-block are not visible to
+    # the graph; only the outer (block 0) names are reads and writes of the op.
+    local = local | set(block.vars)
     for op in block.ops:
         for n in op.input_names():
-            if n not in block.vars and n not in reads:
+            if n not in local and n not in reads:
                 reads.append(n)
         for n in op.output_names():
-            if n not in block.vars and n not in writes:
+            if n not in local and n not in writes:
                 writes.append(n)
         for sub in op.sub_blocks():
-            _sub_block_io(program, sub, reads, writes, seen)
+            _sub_block_io(program, sub, reads, writes, seen, local)
 
 
 def op_reads_writes(program, op):
@@ -118,8 +125,14 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
         g.param_owner = grad_owners(program, param_grads, n)
     chain = []
     last_on_place = [None] * n
+    bucketer = None
+    if strategy.fuse_all_reduce_ops and not reduce_mode:
+        bucketer = GradBucketer(strategy.fuse_bucket_mb * (1 << 20))
 
     for i, op in enumerate(block.ops):
+        if bucketer is not None and bucketer.holds(op_reads_writes(program, op)[0]):
+            # someone reads a gradient still waiting in a bucket: reduce it first
+            chain.append(_all_reduce(g, bucketer.take()))
         if op.role == "loss":
             _scale_loss_grad(g, op, i, strategy, ranks)
             continue
@@ -141,12 +154,18 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
             for p, grad in op.role_var:
                 if reduce_mode:
                     chain.append(_reduce(g, grad, g.param_owner[p]))
+                elif bucketer is not None:
+                    var = block.find_var(grad)
+                    for names in bucketer.add(grad, _nbytes(program, grad), var.dtype):
+                        chain.append(_all_reduce(g, names))
                 else:
                     chain.append(_all_reduce(g, [grad]))
         if reduce_mode and op.role == "optimize" and op.role_var and n > 1:
             p = op.role_var[0][0]
             chain.append(_broadcast(g, [p], g.param_owner[p]))
 
+    if bucketer is not None and bucketer.names:
+        chain.append(_all_reduce(g, bucketer.take()))
     for prev, cur in zip(chain, chain[1:]):
         g.depend(prev, cur, "collective_order")
     for k, h in enumerate(chain):
@@ -164,9 +183,6 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
             g.read(h, pi, name)
         g.fetches.append(h)
 
-    if strategy.fuse_all_reduce_ops and not reduce_mode and len(chain) > 1:
-        from .fuse import fuse_all_reduce
-        fuse_all_reduce(g)
     if strategy.debug_graphviz_path:
         with open(strategy.debug_graphviz_path, "w", encoding="utf-8") as f:
             f.write(g.to_dot())

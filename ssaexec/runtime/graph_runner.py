@@ -116,8 +116,13 @@ class GraphRunner:
         coll = self.collective
         kind = op.kind
 
+        fused = kind == "all_reduce" and len(op.var_names) > 1
+
         def run():
             try:
+                if fused:
+                    self._fused_all_reduce(op, everyone)
+                    return
                 for name in op.var_names:
                     if kind == "all_reduce":
                         coll.all_reduce(self._tensors(name, everyone, op))
@@ -131,6 +136,19 @@ class GraphRunner:
                 raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
                               kind) from e
         return run
+
+    def _fused_all_reduce(self, op, everyone):
+        # one flat buffer per place, one collective, then copy the slices back
+        per_name = [self._tensors(name, everyone, op) for name in op.var_names]
+        flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
+        self.collective.all_reduce(flats)
+        for pi in everyone:
+            offset = 0
+            for ts in per_name:
+                t = ts[pi]
+                k = t.numel()
+                t.copy_(flats[pi][offset:offset + k].view_as(t))
+                offset += k
 
     def _fetch_fn(self, op):
         name = op.var_name
