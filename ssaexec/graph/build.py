@@ -130,8 +130,8 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
         bucketer = GradBucketer(strategy.fuse_bucket_mb * (1 << 20))
 
     for i, op in enumerate(block.ops):
-        if bucketer is not None and bucketer.holds(op_reads_writes(program, op)[0]):
-            # someone reads a gradient still waiting in a bucket: reduce it first
+        if bucketer is not None and bucketer.holds(sum(op_reads_writes(program, op), [])):
+            # someone reads or overwrites a gradient still waiting in a bucket: reduce it first
             chain.append(_all_reduce(g, bucketer.take()))
         if op.role == "loss":
             _scale_loss_grad(g, op, i, strategy, ranks)

@@ -317,7 +317,8 @@ class SSAGraph:
         """Check the invariants; raise ``GraphError`` naming the offending handle.
 
         Acyclic; versions of each (name, place) are 0..n-1 with one writer each;
-        every reader of version k runs before the writer of version k+1; every
+        every reader of version k, and its writer, run before the writer of
+        version k+1 (write-after-read, write-after-write); every
         all-reduce spans all places; every parameter gradient is all-reduced (or
         reduced) exactly once.
         """
@@ -338,6 +339,14 @@ class SSAGraph:
                                          f"holds v{v.version} at position {k}")
                     if k > 0 and v.generated_op is None:
                         raise GraphError(f"var {v!r} has no writer (only version 0 may)")
+        n = len(self.places)
+        for op in self.ops_of_kind("all_reduce"):
+            for name in op.var_names:
+                placed = sorted(v.place_idx for v in op.inputs
+                                if not v.is_dummy and v.name == name)
+                if placed != list(range(n)):
+                    raise GraphError(f"{op.name} does not span all {n} places for {name!r} "
+                                     f"(inputs on places {placed})")
         ancestors = self._ancestor_sets(order)
         for names in self.vars:
             for versions in names.values():
@@ -347,24 +356,21 @@ class SSAGraph:
                         if r is not w and not (ancestors[w.id] >> r.id) & 1:
                             raise GraphError(f"write-after-read hazard: {r.name} reads {prev!r} "
                                              f"but may run after {w.name} writes {nxt!r}")
-        n = len(self.places)
-        for op in self.ops_of_kind("all_reduce"):
-            for name in op.var_names:
-                placed = sorted(v.place_idx for v in op.inputs
-                                if not v.is_dummy and v.name == name)
-                if placed != list(range(n)):
-                    raise GraphError(f"{op.name} does not span all {n} places for {name!r} "
-                                     f"(inputs on places {placed})")
-        counts = {}
+                    pw = prev.generated_op
+                    if pw is not None and pw is not w and not (ancestors[w.id] >> pw.id) & 1:
+                        raise GraphError(f"write-after-write hazard: {w.name} writes {nxt!r} "
+                                         f"but may run before {pw.name} writes {prev!r}")
+        reducers = {}
         for op in self.ops:
             if op.kind in ("all_reduce", "reduce"):
                 for name in op.var_names:
-                    counts[name] = counts.get(name, 0) + 1
+                    reducers.setdefault(name, []).append(op)
         for p, g in self.param_grads():
-            c = counts.get(g, 0)
-            if c != 1:
-                raise GraphError(f"gradient {g!r} of parameter {p!r} is reduced {c} times; "
-                                 "expected exactly once")
+            hs = reducers.get(g, [])
+            if len(hs) != 1:
+                by = f" (by {', '.join(h.name for h in hs)})" if hs else ""
+                raise GraphError(f"gradient {g!r} of parameter {p!r} is reduced {len(hs)} "
+                                 f"times{by}; expected exactly once")
         return self
 
     def _ancestor_sets(self, order):
