@@ -138,7 +138,12 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
             continue
         targets = range(n)
         if reduce_mode and op.role == "optimize" and op.role_var:
-            targets = [g.param_owner[op.role_var[0][0]]]
+            p = op.role_var[0][0]
+            if p not in g.param_owner:
+                raise GraphError(f"op #{i} {op.type!r} updates parameter {p!r}, but no backward "
+                                 "op lists it in role_var, so the reduce strategy has no owner "
+                                 "place for it")
+            targets = [g.param_owner[p]]
         reads, writes = op_reads_writes(program, op)
         for pi in targets:
             h = g.add_op(ComputationOpHandle(op, i, places[pi], pi))
