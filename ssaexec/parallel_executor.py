@@ -19,9 +19,22 @@ anything else is identical on every place after the all-reduce and place 0's
 value is returned. With ``return_merged=False`` each fetch is a list with one
 value per place.
 
+Processes. When a ``torch.distributed`` group of more than one process exists
+(``se.distributed.init()`` under torchrun), or ``BuildStrategy(num_trainers>1)``
+asks for one, this executor is one process of a multi-process run: the
+strategy's ``num_trainers``/``trainer_id`` are filled from the group, all
+processes check that they built the same program and strategy and take rank
+0's persistables (after the startup program), and the gradient all-reduce
+spans places and processes (``runtime.dist_collective``). Feeds and fetches
+are this process's own. If a step fails on this rank, the group is aborted so
+the other ranks raise ``DistributedError`` at once, and this executor refuses
+further runs. ``distributed=False`` keeps an executor local (evaluation on one
+rank, say).
+
 Threads. CPU places share the host's cores, so while several CPU places run,
 torch's intra-op threads are set to ``cores // places`` (at least 1; override
-with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``.
+with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
+multi-process run the cores are divided among the machine's processes too.
 """
 
 import os
@@ -29,7 +42,8 @@ import weakref
 
 import torch
 
-from .errors import FeedError, SSAExecError
+from . import distributed as _distributed
+from .errors import DistributedError, FeedError, SSAExecError
 from .executor import Executor, fetch_names
 from .feed import check_feed
 from .graph.build import build_ssa_graph
@@ -77,10 +91,15 @@ class ParallelExecutor:
         See ``BuildStrategy`` and ``ExecutionStrategy``.
     scope : Scope, optional
         Where the startup program writes (default ``se.global_scope()``).
+    distributed : bool, optional
+        None (default): one process of a multi-process run when a process group
+        of more than one process exists or ``build_strategy.num_trainers > 1``;
+        True: require a process group (of any size: a world of one runs the
+        cross-process path too); False: stay local to this process.
     """
 
     def __init__(self, places=None, main_program=None, startup_program=None, loss_name=None,
-                 build_strategy=None, exec_strategy=None, scope=None):
+                 build_strategy=None, exec_strategy=None, scope=None, distributed=None):
         if main_program is None:
             from .program.builder import default_main_program
             main_program = default_main_program()
@@ -97,28 +116,104 @@ class ParallelExecutor:
         self.build_strategy = build_strategy or BuildStrategy()
         self.exec_strategy = exec_strategy or ExecutionStrategy()
         self.scope = scope if scope is not None else global_scope()
+        self._failed = None
+        dist_collective = self._distributed_setup(distributed)
         n = len(self.places)
         threads = self.exec_strategy.num_threads or min(8, n + 1)
         self._scheduler = Scheduler(threads, name="ssaexec")
-        self._collective = LocalCollective()
+        self._collective = dist_collective or LocalCollective()
+        self.distributed = dist_collective is not None
         self._runners = {}
         self._prev_torch_threads = None
         self._set_torch_threads()
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler)
-        if startup_program is not None:
-            Executor(self.places[0]).run(startup_program, scope=self.scope)
-        self.local_scopes = [Scope() for _ in self.places]
-        self._broadcast_persistables()
+        try:
+            if startup_program is not None:
+                Executor(self.places[0]).run(startup_program, scope=self.scope)
+            self.local_scopes = [Scope() for _ in self.places]
+            if self.distributed:
+                self._sync_processes()
+            self._broadcast_persistables()
+        except BaseException:
+            self.close()
+            raise
 
     # --- set-up -------------------------------------------------------------------------
     def _set_torch_threads(self):
         cpu = [p for p in self.places if not p.is_cuda]
         want = self.exec_strategy.torch_threads
-        if want is None and len(cpu) > 1:
-            want = max(1, _cores() // len(cpu))
+        # the cores are shared by this machine's processes too (torchrun's LOCAL_WORLD_SIZE)
+        share = len(cpu) * (_distributed.local_world_size() if self.distributed else 1)
+        if want is None and share > 1:
+            want = max(1, _cores() // share)
         if want is not None and want != torch.get_num_threads():
             self._prev_torch_threads = torch.get_num_threads()
             torch.set_num_threads(want)
+
+    def _distributed_setup(self, distributed):
+        """The cross-process collective, or None for a local executor; fixes the strategy."""
+        bs = self.build_strategy
+        if distributed is False:
+            if bs.num_trainers > 1:
+                raise DistributedError(f"distributed=False contradicts BuildStrategy("
+                                       f"num_trainers={bs.num_trainers})")
+            return None
+        info = _distributed.info()
+        usable = info is not None and info.broken is None
+        if bs.num_trainers == 1:
+            if not usable:
+                if distributed:
+                    raise DistributedError("distributed=True but there is no process group: "
+                                           "launch with torchrun and call "
+                                           "se.distributed.init() first")
+                return None
+            if info.world_size == 1 and not distributed:
+                return None  # a world of one: nothing to talk to unless asked (tests do)
+            if info.world_size > 1:
+                import copy
+                bs = copy.copy(bs)  # the user's strategy object stays as given
+                bs.num_trainers, bs.trainer_id = info.world_size, info.rank
+        elif not usable:
+            why = f" (it was aborted: {info.broken})" if info is not None else ""
+            raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}) needs a "
+                                   f"process group{why}: launch with torchrun and call "
+                                   "se.distributed.init() first (docs/distributed.md)")
+        elif (bs.num_trainers, bs.trainer_id) != (info.world_size, info.rank):
+            raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}, trainer_id="
+                                   f"{bs.trainer_id}) does not match the process group (world "
+                                   f"size {info.world_size}, rank {info.rank}); use "
+                                   "se.distributed.build_strategy()")
+        if bs.reduce_strategy != "all_reduce":
+            raise DistributedError("reduce_strategy='reduce' runs in one process only; use "
+                                   "'all_reduce' with several processes")
+        self.build_strategy = bs
+        from .runtime.dist_collective import ProcessGroupCollective
+        return ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
+
+    def _sync_processes(self):
+        # Same program, strategy and place count everywhere, then rank 0's persistables:
+        # a mismatch here would crash or hang the backend in the first collective.
+        coll = self._collective
+        key = tuple((s, getattr(self.build_strategy, s)) for s in self.build_strategy.__slots__
+                    if s not in ("trainer_id", "debug_graphviz_path"))
+        # the debug check is a collective of its own: it must be on everywhere or nowhere
+        items = [("local places", len(self.places)), ("build strategy", key),
+                 ("debug mode", coll.debug)]
+        tensors = []
+        for var in self.program.global_block().vars.values():
+            if not var.persistable:
+                continue
+            t = self.scope.find_var(var.name)
+            items.append((var.name, None if t is None else list(t.shape),
+                          None if t is None else str(t.dtype).replace("torch.", "")))
+            if t is not None:
+                tensors.append(t)
+        coll.agree("the program's persistables, the build strategy, the number of places "
+                   "and the debug mode",
+                   items, describe=lambda it: " ".join(str(x) for x in it),
+                   hint="Every process must build the same program with the same "
+                        "BuildStrategy and as many places.")
+        coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
 
     def _broadcast_persistables(self):
         block = self.program.global_block()
@@ -190,6 +285,10 @@ class ParallelExecutor:
         """
         if self._scheduler.closed:
             raise SSAExecError("this ParallelExecutor is closed")
+        if self._failed is not None:
+            raise DistributedError(f"an earlier step of this multi-process run failed "
+                                   f"({self._failed}); the process group was shut down: "
+                                   "restart every process")
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch)
         per_place = self._place_feeds(feed)
@@ -204,9 +303,27 @@ class ParallelExecutor:
             for name, t in d.items():
                 ls.set_var(name, t.to(device, non_blocking=True) if t.device != device
                            else t)
-        fetched = runner.run()
+        if self.distributed:
+            fetched = self._run_distributed(runner)
+        else:
+            fetched = runner.run()
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _run_distributed(self, runner):
+        try:
+            return runner.run()
+        except BaseException as e:
+            if getattr(e, "group_intact", False):
+                raise  # the debug check: every rank raised it, before any collective
+            # this rank stopped mid-step: the others wait in a collective it will never
+            # issue, so drop the group's connections and let them fail now
+            self._fail(e)
+            raise
+
+    def _fail(self, e):
+        self._failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        _distributed.abort(f"rank {_distributed.rank()}: {self._failed}")
 
     def _merge(self, name, values):
         var = self.program.global_block().find_var(name)

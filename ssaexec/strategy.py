@@ -35,15 +35,19 @@ class BuildStrategy:
         All-reduce gradients in buckets of about ``fuse_bucket_mb`` MiB.
     num_trainers, trainer_id : int
         Processes in a multi-process run and this one's rank.
+    debug_distributed : bool
+        Before each step's first collective, check that all ranks agree on the
+        sequence of collectives (also ``SSAEXEC_DISTRIBUTED_DEBUG=1``).
     """
 
     __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
-                 "num_trainers", "trainer_id")
+                 "num_trainers", "trainer_id", "debug_distributed")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
-                 fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0):
+                 fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
+                 debug_distributed=False):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -59,6 +63,7 @@ class BuildStrategy:
                                f"{num_trainers}, {trainer_id}")
         self.num_trainers = int(num_trainers)
         self.trainer_id = int(trainer_id)
+        self.debug_distributed = bool(debug_distributed)
 
     def key(self):
         """A hashable summary (graphs are cached by it)."""

@@ -6,6 +6,11 @@ writes the result into every place's own tensor in place. In place is safe:
 the SSA graph makes the collective the only reader of the versions it
 replaces. Tensors on different devices are moved to the first place's device
 for the sum and copied back.
+
+A collective backend is any object with these methods (``label`` names the
+graph op for error messages; ``begin_step`` is called before a step's first
+collective): ``runtime.dist_collective.ProcessGroupCollective`` extends this
+one across processes.
 """
 
 import torch
@@ -18,7 +23,7 @@ class LocalCollective:
 
     __slots__ = ()
 
-    def all_reduce(self, tensors, average=False):
+    def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""
         acc = tensors[0]
         dev = acc.device
@@ -30,7 +35,7 @@ class LocalCollective:
             t.copy_(acc)
         return tensors
 
-    def reduce(self, tensors, root, average=False):
+    def reduce(self, tensors, root, average=False, label=None):
         """``tensors[root]`` becomes the sum (or mean) of all; the others are unchanged."""
         acc = tensors[root]
         dev = acc.device
@@ -41,13 +46,16 @@ class LocalCollective:
             acc.div_(len(tensors))
         return acc
 
-    def broadcast(self, tensors, root):
+    def broadcast(self, tensors, root, label=None):
         """Every tensor becomes a copy of ``tensors[root]``."""
         src = tensors[root]
         for i, t in enumerate(tensors):
             if i != root:
                 t.copy_(src)
         return tensors
+
+    def begin_step(self, signature):
+        """Called before each step's first collective with the graph's collective signature."""
 
     @staticmethod
     def flatten(tensors):

@@ -8,6 +8,13 @@ from its place's scope as soon as its last reader has run (reference counts
 from the graph), or right after it is written when nobody reads it. Only the
 latest version is ever erased: an earlier version's name is already bound to
 its successor.
+
+Collectives. The backend (``LocalCollective``, or ``ProcessGroupCollective``
+in a multi-process run) gets each op's name as ``label`` for its errors, and
+``begin_step(signature)`` before every run whose graph has collectives: the
+signature lists each collective in chain order as ``(seq, kind, var names,
+declared shapes, dtypes)``, which the debug mode of a multi-process run
+compares across ranks.
 """
 
 import threading
@@ -35,6 +42,7 @@ class GraphRunner:
         self._lock = threading.Lock()
         self._refs = []
         self._ref0, reader_slots, free_after, self._slots = self._memory_plan()
+        self.signature = self._collective_signature()
         self.fns = [self._with_frees(self._compile(op), reader_slots[op.id], free_after[op.id])
                     for op in graph.ops]
 
@@ -82,6 +90,17 @@ class GraphRunner:
                 scopes[pi].erase(name)
         return run_and_free
 
+    def _collective_signature(self):
+        block = self.graph.program.global_block()
+        out = []
+        for op in self.graph.collectives:
+            vars_ = [block.find_var(n) for n in op.var_names]
+            out.append((op.seq, op.kind, tuple(op.var_names),
+                        tuple(tuple(v.shape) if v is not None and v.shape is not None else None
+                              for v in vars_),
+                        tuple(v.dtype if v is not None else None for v in vars_)))
+        return out
+
     # --- handle kinds -------------------------------------------------------------------
     def _compile(self, op):
         kind = op.kind
@@ -117,6 +136,7 @@ class GraphRunner:
         kind = op.kind
 
         fused = kind == "all_reduce" and len(op.var_names) > 1
+        label = op.name
 
         def run():
             try:
@@ -125,13 +145,15 @@ class GraphRunner:
                     return
                 for name in op.var_names:
                     if kind == "all_reduce":
-                        coll.all_reduce(self._tensors(name, everyone, op))
+                        coll.all_reduce(self._tensors(name, everyone, op), label=label)
                     elif kind == "reduce":
-                        coll.reduce(self._tensors(name, everyone, op), op.owner_idx)
+                        coll.reduce(self._tensors(name, everyone, op), op.owner_idx,
+                                    label=label)
                     else:
-                        coll.broadcast(self._tensors(name, everyone, op), op.root_idx)
+                        coll.broadcast(self._tensors(name, everyone, op), op.root_idx,
+                                       label=label)
             except SSAExecError:
-                raise
+                raise  # DistributedError too: a peer's failure must surface as itself
             except Exception as e:
                 raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
                               kind) from e
@@ -141,7 +163,7 @@ class GraphRunner:
         # one flat buffer per place, one collective, then copy the slices back
         per_name = [self._tensors(name, everyone, op) for name in op.var_names]
         flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
-        self.collective.all_reduce(flats)
+        self.collective.all_reduce(flats, label=op.name)
         for pi in everyone:
             offset = 0
             for ts in per_name:
@@ -171,5 +193,7 @@ class GraphRunner:
         """Run the graph once; return {fetch name: [value per place]}."""
         self.fetched = {}
         self._refs = list(self._ref0)
+        if self.signature:
+            self.collective.begin_step(self.signature)
         self.scheduler.run(self.plan, self.fns)
         return self.fetched

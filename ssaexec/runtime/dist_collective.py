@@ -1,0 +1,194 @@
+"""Collectives across processes: the local places first, then ``torch.distributed``.
+
+``ProcessGroupCollective`` is the collective backend of a ParallelExecutor
+that is one process of a multi-process run (``BuildStrategy(num_trainers>1)``).
+Its gradient all-reduce is hierarchical:
+
+1. sum the places' tensors into place 0's, in place order (deterministic, as
+   ``LocalCollective`` does);
+2. all-reduce that one tensor across processes with ``torch.distributed``
+   (gloo on CPU, NCCL on CUDA, where it runs on torch's NCCL communication
+   stream); a fused bucket is one flat buffer, so it is one cross-process
+   call. The call is asynchronous and its work handle is waited on with the
+   run's timeout, so a dead or stuck peer becomes an error in bounded time;
+3. copy the result back to the other places.
+
+Order. The SSA graph chains its collectives by dummy edges, so the scheduler
+runs them one at a time in the graph's order, and that order is the program
+order, the same in every process: ranks never pair up mismatched collectives.
+The call blocks only the scheduler thread that runs the collective (the wait
+releases the GIL), so the rest of backward runs on the other threads meanwhile.
+
+Failures. Every ``torch.distributed`` call goes through ``_call``, which turns
+a backend error (a peer's socket closed, a timeout from the group's
+``timeout``) into ``DistributedError`` naming this rank and the collective.
+``agree`` checks that every rank holds the same list (the persistables at
+start, and in debug mode the collective sequence before each step's first
+collective) and raises ``DistributedError`` naming the first difference on
+every rank, where a real mismatch would crash or hang the backend.
+"""
+
+import datetime
+import re
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DistributedError, SSAExecError
+from .collective import LocalCollective
+
+__all__ = ["ProcessGroupCollective", "describe_collective"]
+
+
+def describe_collective(item):
+    """Render one entry of a collective signature: ``#3 all_reduce(w@GRAD [4, 3] float32)``."""
+    seq, kind, names, shapes, dtypes = item
+    parts = ", ".join(f"{n} {list(s) if s is not None else '?'} {d}"
+                      for n, s, d in zip(names, shapes, dtypes, strict=True))
+    return f"#{seq} {kind}({parts})"
+
+
+def _first_line(exc):
+    # gloo's messages start with "[/path/pair.cc:553] " and end in a joke; keep the middle
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(exc).__name__
+    return text.split(" GLHF!")[0].rstrip().rstrip(".")
+
+
+class ProcessGroupCollective(LocalCollective):
+    """Hierarchical collectives over local places and the processes of ``group``.
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        Default: torch.distributed's default group (it must be initialised).
+    debug : bool
+        Check, before each step's first collective, that all ranks agree on the
+        sequence of collectives (one ``all_gather_object`` per step).
+    timeout : float, optional
+        Seconds each wait may take (default: the group's own timeout, which
+        gloo applies to every operation). With NCCL a wait with a timeout
+        blocks the calling scheduler thread until the collective is done, so a
+        dead peer raises ``DistributedError`` instead of a watchdog abort.
+    """
+
+    __slots__ = ("group", "rank", "world_size", "backend", "debug", "steps", "timeout")
+
+    def __init__(self, group=None, debug=False, timeout=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise DistributedError("torch.distributed has no process group: call "
+                                   "se.distributed.init() first (under torchrun)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        self.debug = bool(debug)
+        self.steps = 0
+        self.timeout = None if timeout is None else datetime.timedelta(seconds=float(timeout))
+
+    @property
+    def where(self):
+        return f"rank {self.rank} of {self.world_size} ({self.backend})"
+
+    def _call(self, what, issue):
+        """Run ``issue()`` (a torch.distributed call), wait for its work handle, map errors."""
+        try:
+            work = issue()
+            if work is not None:
+                done = work.wait() if self.timeout is None else work.wait(self.timeout)
+                if done is False:
+                    raise TimeoutError(f"not done after {self.timeout.total_seconds():g}s")
+            return work
+        except SSAExecError:
+            raise
+        except Exception as e:
+            raise DistributedError(
+                f"{self.where}: {what} failed ({type(e).__name__}: {_first_line(e)}). A peer "
+                "process probably died, raised or timed out (see its log); the process group "
+                "is unusable now, restart every process") from e
+
+    # --- gradient collectives -------------------------------------------------------------
+    def all_reduce(self, tensors, average=False, label=None):
+        """Sum over places and processes; every tensor gets the result (in place)."""
+        acc = tensors[0]
+        dev = acc.device
+        for t in tensors[1:]:
+            acc.add_(t if t.device == dev else t.to(dev))
+        self._call(label or f"all_reduce of a {list(acc.shape)} tensor",
+                   lambda: dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=self.group,
+                                           async_op=True))
+        if average:
+            acc.div_(len(tensors) * self.world_size)
+        for t in tensors[1:]:
+            t.copy_(acc)
+        return tensors
+
+    def reduce(self, tensors, root, average=False, label=None):
+        raise DistributedError("the 'reduce' strategy runs in one process only; use "
+                               "BuildStrategy(reduce_strategy='all_reduce') with several "
+                               "processes")
+
+    def broadcast(self, tensors, root, label=None):
+        raise DistributedError("graph broadcasts (the 'reduce' strategy) run in one process "
+                               "only; use BuildStrategy(reduce_strategy='all_reduce')")
+
+    # --- set-up and checks ----------------------------------------------------------------
+    def broadcast_from(self, tensors, src=0, label="broadcast of the persistables"):
+        """Overwrite ``tensors`` in place with rank ``src``'s (one flat call per dtype/device)."""
+        groups = {}
+        for t in tensors:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        for (dtype, _), ts in groups.items():
+            flat = torch.cat([t.detach().reshape(-1) for t in ts])
+            self._call(f"{label} ({len(ts)} {str(dtype).replace('torch.', '')} tensors)",
+                       lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True))
+            if self.rank != src:
+                offset = 0
+                with torch.no_grad():
+                    for t in ts:
+                        k = t.numel()
+                        t.copy_(flat[offset:offset + k].view_as(t))
+                        offset += k
+
+    def gather_objects(self, obj, what):
+        """``obj`` of every rank, in rank order."""
+        out = [None] * self.world_size
+        self._call(what, lambda: dist.all_gather_object(out, obj, group=self.group))
+        return out
+
+    def agree(self, what, items, describe=repr, hint=""):
+        """Raise ``DistributedError`` on every rank unless all ranks hold the same ``items``.
+
+        The error names the first position where a rank differs from rank 0 and
+        has ``group_intact = True``: every rank raises it after the same one
+        collective, so the process group is still usable.
+        """
+        items = list(items)
+        everyone = self.gather_objects(items, f"agreement check of {what}")
+        if all(other == everyone[0] for other in everyone):
+            return
+        k = 0
+        while all(k < len(x) for x in everyone) and all(x[k] == everyone[0][k]
+                                                       for x in everyone):
+            k += 1
+
+        def at(r):
+            x = everyone[r]
+            if k < len(x):
+                return describe(x[k])
+            return f"nothing (its list ends after {len(x)} entries)"
+        lines = [f"rank {r}: {at(r)}" for r in range(self.world_size)]
+        err = DistributedError(f"{self.where}: ranks disagree on {what}: first difference at "
+                               f"position {k}:\n  " + "\n  ".join(lines) +
+                               (f"\n{hint}" if hint else ""))
+        err.group_intact = True  # every rank raises this together; the group still works
+        raise err
+
+    def begin_step(self, signature):
+        """Called before a step's first collective; in debug mode check the sequence."""
+        self.steps += 1
+        if self.debug:
+            self.agree(f"the collective sequence of step {self.steps}", signature,
+                       describe_collective,
+                       hint="Every rank must run the same program with the same BuildStrategy "
+                            "(the collectives are issued in the graph's order).")
