@@ -124,6 +124,7 @@ class ParallelExecutor:
         self._collective = dist_collective or LocalCollective()
         self.distributed = dist_collective is not None
         self._runners = {}
+        self._device_contexts = None
         self._prev_torch_threads = None
         self._set_torch_threads()
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler)
@@ -232,12 +233,24 @@ class ParallelExecutor:
                 else:
                     ls.set_var(var.name, src.detach().to(place.device, copy=True))
 
+    def _contexts(self):
+        """One ``DeviceContext`` (compute/comm/fetch streams) per CUDA place, None for CPU."""
+        if self._device_contexts is None:
+            if any(p.is_cuda for p in self.places):
+                from .runtime.streams import DeviceContext
+                self._device_contexts = [DeviceContext(p) if p.is_cuda else None
+                                         for p in self.places]
+            else:
+                self._device_contexts = [None] * len(self.places)
+        return self._device_contexts
+
     def _runner(self, fetch):
         runner = self._runners.get(fetch)
         if runner is None:
             graph = build_ssa_graph(self.program, self.places, self.build_strategy, list(fetch))
             graph.lint()
-            runner = GraphRunner(graph, self.local_scopes, self._collective, self._scheduler)
+            runner = GraphRunner(graph, self.local_scopes, self._collective, self._scheduler,
+                                 self._contexts(), self.exec_strategy.sync)
             self._runners[fetch] = runner
         return runner
 
@@ -306,13 +319,13 @@ class ParallelExecutor:
         if self.distributed:
             fetched = self._run_distributed(runner)
         else:
-            fetched = runner.run()
+            fetched = runner.run(self.exec_strategy.sync)
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
 
     def _run_distributed(self, runner):
         try:
-            return runner.run()
+            return runner.run(self.exec_strategy.sync)
         except BaseException as e:
             if getattr(e, "group_intact", False):
                 raise  # the debug check: every rank raised it, before any collective

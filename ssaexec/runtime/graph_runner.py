@@ -15,6 +15,11 @@ in a multi-process run) gets each op's name as ``label`` for its errors, and
 signature lists each collective in chain order as ``(seq, kind, var names,
 declared shapes, dtypes)``, which the debug mode of a multi-process run
 compares across ranks.
+
+CUDA. Given device contexts, every handle runs on its stream
+(``runtime.streams``): waits on cross-stream producers before, an event and
+``record_stream`` after. Fetches copy into pinned host memory on the fetch
+stream; ``run`` returns when every stream is idle.
 """
 
 import threading
@@ -32,19 +37,28 @@ __all__ = ["GraphRunner"]
 class GraphRunner:
     """Run ``graph`` over ``scopes`` (one per place) with ``scheduler``."""
 
-    def __init__(self, graph, scopes, collective, scheduler):
+    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event"):
         self.graph = graph
         self.scopes = scopes
         self.collective = collective
         self.scheduler = scheduler
+        # CUDA places: every op launches on its stream, cross-stream edges synchronise
+        self.streams = None
+        if contexts is not None and any(c is not None for c in contexts):
+            from .streams import StreamSync
+            self.streams = StreamSync(graph, contexts, sync)
         self.plan = DependencyPlan.from_graph(graph)
         self.fetched = {}
         self._lock = threading.Lock()
         self._refs = []
         self._ref0, reader_slots, free_after, self._slots = self._memory_plan()
         self.signature = self._collective_signature()
-        self.fns = [self._with_frees(self._compile(op), reader_slots[op.id], free_after[op.id])
+        self.fns = [self._with_frees(self._on_stream(op.id, self._compile(op)),
+                                     reader_slots[op.id], free_after[op.id])
                     for op in graph.ops]
+
+    def _on_stream(self, i, fn):
+        return fn if self.streams is None else self.streams.wrap(i, fn, self.scopes)
 
     # --- memory plan --------------------------------------------------------------------
     def _memory_plan(self):
@@ -184,16 +198,34 @@ class GraphRunner:
                     raise OpError(f"While executing {op.name}: var {name!r} has no value on "
                                   f"{self.graph.places[pi]}", "fetch", self.graph.places[pi])
                 # a snapshot: later ops and runs update parameters in place
-                vals.append(t.detach().to("cpu", copy=True))
+                if t.is_cuda:
+                    # pinned host memory, copied on the fetch stream; run() waits for it
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    vals.append(host.copy_(t.detach(), non_blocking=True))
+                else:
+                    vals.append(t.detach().to("cpu", copy=True))
             self.fetched[name] = vals
         return run
 
     # --- running ------------------------------------------------------------------------
-    def run(self):
-        """Run the graph once; return {fetch name: [value per place]}."""
+    def run(self, sync=None):
+        """Run the graph once; return {fetch name: [value per place]}.
+
+        ``sync`` ("event" or "wait") switches the CUDA stream synchronisation.
+        On CUDA places the run returns once every stream is idle, so fetched
+        values are complete and the caller may touch the scopes.
+        """
         self.fetched = {}
         self._refs = list(self._ref0)
         if self.signature:
             self.collective.begin_step(self.signature)
-        self.scheduler.run(self.plan, self.fns)
+        if self.streams is not None:
+            if sync is not None:
+                self.streams.sync = sync
+            self.streams.start()
+        try:
+            self.scheduler.run(self.plan, self.fns)
+        finally:
+            if self.streams is not None:
+                self.streams.finish()
         return self.fetched

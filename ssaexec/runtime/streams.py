@@ -81,13 +81,13 @@ class StreamSync:
 
     __slots__ = ("streams", "extra", "waits", "events", "sync", "cross_inputs")
 
-    def __init__(self, graph, contexts, sync="event"):
-        waits, records = plan_stream_waits(graph)
+    def __init__(self, graph, contexts, sync="event", key=stream_key):
+        waits, records = plan_stream_waits(graph, key)
         self.streams = []
         # a collective spanning several GPUs also launches on the other devices' comm streams
         self.extra = []
         for op in graph.ops:
-            pi, role = stream_key(op)
+            pi, role = key(op)
             ctx = contexts[pi]
             self.streams.append(ctx.stream(role) if ctx is not None else None)
             others = {}
@@ -151,6 +151,14 @@ class StreamSync:
                 fn()
             self.after(i, scopes)
         return run_on_stream
+
+    def start(self):
+        """Order every stream after the host's pending work (feed copies) on its device."""
+        for s in {id(s): s for s in self.streams if s is not None}.values():
+            s.wait_stream(torch.cuda.current_stream(s.device))
+        for extra in self.extra:
+            for s in extra:
+                s.wait_stream(torch.cuda.current_stream(s.device))
 
     def finish(self):
         """Block the host until every stream used by the graph is idle."""
