@@ -35,6 +35,7 @@ _SPECIAL_GRAD = set()
 # Ops this module deliberately leaves to other test files, with the reason.
 NOT_TESTED_HERE = {
     "conditional_block": "needs an executor (ctx.run_block); belongs in the executor tests",
+    "assign_bytes": "the torch importer's constants; tested in test_from_torch.py",
 }
 
 

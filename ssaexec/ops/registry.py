@@ -317,6 +317,11 @@ def get_op_def(type, missing_ok=False):
     """The ``OpDef`` of ``type``; ``ProgramError`` (or None) if it is not registered."""
     _load_builtin_ops()
     op_def = _REGISTRY.get(type)
+    if op_def is None and type.startswith("aten."):
+        # Hook for the torch importer: an ATen overload ("aten.convolution.default") gets a
+        # generic OpDef made from its schema on first use (see ssaexec.ops.aten).
+        from .aten import aten_op_def
+        op_def = aten_op_def(type)
     if op_def is None and not missing_ok:
         import difflib
         close = difflib.get_close_matches(type, list(_REGISTRY), n=3)
@@ -338,7 +343,7 @@ def _load_builtin_ops():
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        from . import math, nn, loss, optim, init, tensor, control  # noqa: F401
+        from . import math, nn, loss, optim, init, tensor, control, aten  # noqa: F401
 
 
 # --- shape / dtype inference -------------------------------------------------------------

@@ -43,11 +43,28 @@ class Optimizer:
             if not params_grads:
                 raise ProgramError(f"minimize: no trainable parameter reaches the loss "
                                    f"{getattr(loss, 'name', loss)!r}")
+        return self.apply_gradients(params_grads, startup), params_grads
+
+    def apply_gradients(self, params_grads, startup_program=None):
+        """Append one update op per (parameter, gradient) pair to the default main program.
+
+        For programs whose gradients come from elsewhere (the torch importer's
+        captured backward); ``minimize`` is ``append_backward`` plus this.
+
+        Returns
+        -------
+        list of OpDesc
+            The update ops, in ``params_grads`` order.
+        """
+        main = default_main_program()
+        startup = startup_program or default_startup_program()
+        if not params_grads:
+            raise ProgramError("apply_gradients: no (parameter, gradient) pairs")
+        with program_guard(main, startup):
             dtype = params_grads[0][0].dtype
             self.lr_var = create_persistable(main.unique_name("learning_rate"), [], dtype,
                                              init.Constant(self.learning_rate))
-            ops = [self._append_update(main.global_block(), p, g) for p, g in params_grads]
-        return ops, params_grads
+            return [self._append_update(main.global_block(), p, g) for p, g in params_grads]
 
     def _accumulator(self, param, kind, value, shape=None):
         main = default_main_program()

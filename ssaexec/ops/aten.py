@@ -1,0 +1,473 @@
+"""ATen overloads as program ops: one generic ``OpDef`` per overload, made on first use.
+
+The torch importer (``ssaexec.frontends.torch``) turns every ATen call of a
+captured graph into an op whose type names the overload, ``aten.<name>.<overload>``
+(``aten.convolution.default``). ``get_op_def`` asks ``aten_op_def`` for such
+types, which resolves ``torch.ops.aten.<name>.<overload>`` and registers an
+``OpDef`` built from its schema. Nothing is imported or evaluated from a program
+file to do so: the type string only selects an attribute of ``torch.ops.aten``.
+
+An ATen op has two slots and one attribute per schema argument:
+
+* ``X`` (duplicable): the distinct tensor inputs, in order of first use;
+* ``Out`` (duplicable): the results, one var per tensor result (a tuple result
+  such as ``native_batch_norm``'s three, or a ``Tensor[]`` result, lists them in
+  order; ``@EMPTY@`` marks one nobody reads);
+* attribute ``<argument name>`` holds that argument, JSON-safe:
+
+  ===========================  ===================================================
+  schema type                  attribute value
+  ===========================  ===================================================
+  Tensor, Tensor?              ``"X[k]"`` (the k-th ``X`` input), ``null``, or a
+                               plain number where a Python scalar was passed
+  Tensor[], Tensor?[]          a list of the above
+  int, SymInt, float, Scalar   the number, or a size expression string (below)
+  int[], SymInt[], float[]     a list of the above
+  ScalarType                   a dtype name (``"float32"``)
+  Layout, MemoryFormat         ``"strided"``, ``"contiguous_format"`` ...
+  Device                       ``null``: the op runs where its place is; factory
+                               ops follow their first tensor input, or are built
+                               on the CPU and moved by the executor
+  bool, str, None              as is
+  ===========================  ===================================================
+
+  Arguments the captured call did not pass are left out (torch's defaults apply).
+
+Size expressions. A program imported with a dynamic batch carries sizes that
+depend on it, such as the ``[s0, 512]`` of a flatten. Such a size is a string,
+``"s0"`` or ``"16*s0"``, over symbols bound by the reserved attribute ``@sym``:
+``[["s0", k, d], ...]`` says s0 is dimension d of input ``X[k]``. The
+expression language is integers, floats, the symbols, ``+ - * / // % **``,
+parentheses and the functions in ``_FUNCS`` (sympy's spelling of the same);
+it is parsed with ``ast`` and walked, never ``eval``-ed.
+
+Kernel policy (see ``ssaexec.ops.registry``): results never share storage with
+an input or with each other. ATen view ops (``view``, ``t``, ``expand`` ...)
+return aliases; an alias of a parameter would see the optimizer's in-place
+update, an alias of a gradient the in-place all-reduce, so aliased results are
+copied (the price of a copy per view op, paid for correctness).
+
+Also here: ``assign_bytes``, the compact constant the importer writes parameter
+values with: base64 of the raw little-endian bytes, 4 characters per 3 bytes,
+where ``assign_value``'s float lists take some 20 characters per element.
+"""
+
+import ast
+import base64
+import math
+import operator
+import sys
+import threading
+
+import torch
+
+from ..errors import ProgramError
+from ..program.desc import DTYPES, dtype_name, torch_dtype
+from .registry import REQUIRED, OpDef, register_op
+
+__all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds",
+           "parse_size_expr", "encode_bytes", "decode_bytes"]
+
+SYM_ATTR = "@sym"
+
+_MEMORY_FORMATS = {"preserve_format": torch.preserve_format,
+                   "contiguous_format": torch.contiguous_format,
+                   "channels_last": torch.channels_last,
+                   "channels_last_3d": torch.channels_last_3d}
+_LAYOUTS = {"strided": torch.strided}
+
+
+# --- schema arguments --------------------------------------------------------------------
+def resolve_overload(type):
+    """The ``torch._ops.OpOverload`` named by ``aten.<name>.<overload>``, else None."""
+    parts = type.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not all(parts):
+        return None
+    packet = getattr(torch.ops.aten, parts[1], None)
+    if packet is None or not hasattr(packet, "overloads"):
+        return None
+    if parts[2] not in packet.overloads():
+        return None
+    return getattr(packet, parts[2])
+
+
+def _kind(arg):
+    """The encoding kind of one schema argument (see the module docstring)."""
+    t = str(arg.real_type)
+    optional = t.startswith("Optional[")
+    if optional:
+        t = t[len("Optional["):-1]
+    if t == "Tensor":
+        return "tensor"
+    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return "tensor_list"
+    if t in ("int", "SymInt", "float", "number", "List[int]", "List[SymInt]", "List[float]"):
+        return "size"
+    if t == "ScalarType":
+        return "dtype"
+    if t == "Layout":
+        return "layout"
+    if t == "MemoryFormat":
+        return "memory_format"
+    if t == "Device":
+        return "device"
+    if t in ("bool", "str", "List[bool]", "List[str]"):
+        return "literal"
+    if t == "Generator":
+        return "generator"
+    return "unsupported:" + t
+
+
+def arg_kinds(overload):
+    """``[(name, kind, kwarg_only), ...]`` for every schema argument of ``overload``."""
+    return [(a.name, _kind(a), a.kwarg_only) for a in overload._schema.arguments]
+
+
+def _json_default(arg):
+    # The attr default stands for "not passed". An Optional argument's None is its
+    # default (and validation accepts an explicit None only where the default is None).
+    if str(arg.real_type).startswith("Optional["):
+        return None
+    if not arg.has_default_value():
+        return REQUIRED
+    v = arg.default_value
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float)) for x in v):
+        return list(v)
+    return _OMIT
+
+
+class _Omit:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<torch default>"
+
+
+_OMIT = _Omit()  # an attr default that means "do not pass this argument"
+
+
+# --- size expressions --------------------------------------------------------------------
+def _floordiv(a, b):
+    return a // b
+
+
+def _ceildiv(a, b):
+    return -(-a // b)
+
+
+_FUNCS = {
+    "FloorDiv": _floordiv, "CleanDiv": _floordiv, "IntTrueDiv": operator.truediv,
+    "FloatTrueDiv": operator.truediv, "CeilDiv": _ceildiv, "Mod": operator.mod,
+    "PythonMod": operator.mod, "Max": max, "Min": min, "ToFloat": float,
+    "TruncToInt": lambda a: int(math.trunc(a)), "TruncToFloat": lambda a: float(math.trunc(a)),
+    "FloorToInt": lambda a: int(math.floor(a)), "CeilToInt": lambda a: int(math.ceil(a)),
+    "Abs": abs, "OpaqueUnaryFn_sqrt": math.sqrt,
+}
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.Pow: operator.pow}
+
+
+# Kernels compile their attrs on first use, on scheduler threads, and CPython 3.11's
+# ast.parse is not thread-safe ("AST constructor recursion depth mismatch"): parse under
+# a lock, once per expression text.
+_PARSE_LOCK = threading.Lock()
+_PARSED = {}
+
+
+def parse_size_expr(text):
+    """Compile size expression ``text`` into ``(fn(env) -> number, symbols)``.
+
+    ``ProgramError`` for anything outside the expression language (module docstring).
+    """
+    with _PARSE_LOCK:
+        hit = _PARSED.get(text)
+        if hit is None:
+            hit = _PARSED[text] = _parse_size_expr(text)
+    return hit[0], set(hit[1])
+
+
+def _parse_size_expr(text):
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        raise ProgramError(f"size expression {text!r} does not parse: {e.msg}") from None
+    symbols = set()
+
+    def build(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            v = node.value
+            return lambda env: v
+        if isinstance(node, ast.Name):
+            name = node.id
+            symbols.add(name)
+            return lambda env: env[name]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            inner = build(node.operand)
+            if isinstance(node.op, ast.USub):
+                return lambda env: -inner(env)
+            return inner
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            fn, a, b = _BINOPS[type(node.op)], build(node.left), build(node.right)
+            return lambda env: fn(a(env), b(env))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in _FUNCS and not node.keywords:
+            fn, args = _FUNCS[node.func.id], [build(a) for a in node.args]
+            return lambda env: fn(*(a(env) for a in args))
+        raise ProgramError(f"size expression {text!r}: {ast.dump(node)[:60]} is not allowed; "
+                           f"use numbers, symbols, + - * / // % ** and {sorted(_FUNCS)}")
+
+    fn = build(tree)
+    return fn, frozenset(symbols)
+
+
+# --- the generic kernel --------------------------------------------------------------------
+def _is_ref(v):
+    return isinstance(v, str) and v.startswith("X[") and v.endswith("]") and v[2:-1].isdigit()
+
+
+class _Compiled:
+    """One op's attrs turned into a fast argument builder (cached per attrs dict)."""
+
+    __slots__ = ("attrs", "steps", "kw_steps", "binds", "has_device")
+
+    def __init__(self, op_type, kinds, attrs):
+        self.attrs = attrs  # keeps id(attrs) from being reused while cached
+        self.binds = []
+        for entry in attrs.get(SYM_ATTR) or []:
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
+                raise ProgramError(f"{op_type}: attribute {SYM_ATTR!r} entries must be "
+                                   f"[symbol, input index, dim], got {entry!r}")
+            self.binds.append(tuple(entry))
+        self.steps, self.kw_steps = [], []
+        self.has_device = False
+        for name, kind, kwarg_only in kinds:
+            value = attrs.get(name, _OMIT)
+            if value is _OMIT:
+                continue
+            if kind == "device":
+                self.has_device = True
+            step = (name, self._decoder(op_type, name, kind, value))
+            (self.kw_steps if kwarg_only else self.steps).append(step)
+
+    def _decoder(self, op_type, name, kind, value):
+        # Each decoder is fn(xs, env) -> the Python argument; constants are closed over.
+        where = f"{op_type}: argument {name!r}"
+        if kind.startswith("unsupported:"):
+            if value is None:
+                return lambda xs, env: None
+            raise ProgramError(f"{where} has schema type {kind[12:]}, which ssaexec cannot "
+                               "encode")
+        if kind == "generator":
+            if value is not None:
+                raise ProgramError(f"{where}: only a null generator is supported")
+            return lambda xs, env: None
+        if kind == "device":
+            return lambda xs, env: xs[0].device if xs else None
+        if kind == "dtype":
+            if value is None:
+                return lambda xs, env: None
+            dt = torch_dtype(value) if isinstance(value, str) else None
+            if dt is None:
+                raise ProgramError(f"{where}: expected a dtype name, got {value!r}")
+            return lambda xs, env: dt
+        if kind in ("layout", "memory_format"):
+            table = _LAYOUTS if kind == "layout" else _MEMORY_FORMATS
+            if value is None:
+                return lambda xs, env: None
+            if value not in table:
+                raise ProgramError(f"{where}: expected one of {sorted(table)}, got {value!r}")
+            v = table[value]
+            return lambda xs, env: v
+        if kind == "literal":
+            return lambda xs, env: value
+        return self._value_decoder(where, kind, value)
+
+    def _value_decoder(self, where, kind, value):
+        # tensors, tensor lists, numbers and size expressions (possibly nested in lists)
+        if isinstance(value, list):
+            parts = [self._value_decoder(where, kind, v) for v in value]
+            if all(getattr(p, "const", False) for p in parts):
+                v = [p(None, None) for p in parts]
+                return _const(v)
+            return lambda xs, env: [p(xs, env) for p in parts]
+        if _is_ref(value):
+            if kind not in ("tensor", "tensor_list"):
+                raise ProgramError(f"{where}: a tensor reference {value!r} where the schema "
+                                   "takes no tensor")
+            k = int(value[2:-1])
+            return lambda xs, env: xs[k]
+        if isinstance(value, str):
+            if kind == "literal":
+                return _const(value)
+            fn, symbols = parse_size_expr(value)
+            missing = symbols - {b[0] for b in self.binds}
+            if missing:
+                raise ProgramError(f"{where}: size expression {value!r} uses "
+                                   f"{sorted(missing)}, which {SYM_ATTR!r} does not bind")
+            return lambda xs, env: fn(env)
+        if value is None or isinstance(value, (bool, int, float)):
+            return _const(value)
+        raise ProgramError(f"{where}: cannot decode {value!r}")
+
+    def call(self, overload, xs):
+        env = None
+        if self.binds:
+            env = {s: xs[k].shape[d] for s, k, d in self.binds}
+        args = [fn(xs, env) for _, fn in self.steps]
+        kwargs = {name: fn(xs, env) for name, fn in self.kw_steps}
+        return overload(*args, **kwargs)
+
+
+def _const(v):
+    def fn(xs, env):
+        return v
+    fn.const = True
+    return fn
+
+
+def _results(out):
+    """The flat list of an overload's results (None for an undefined one)."""
+    if isinstance(out, torch.Tensor) or out is None:
+        return [out]
+    if isinstance(out, (tuple, list)):
+        flat = []
+        for o in out:
+            if isinstance(o, (tuple, list)):
+                flat.extend(o)
+            else:
+                flat.append(o)
+        return flat
+    raise TypeError(f"returned {type(out).__name__}, not tensors")
+
+
+def _fresh(outs, xs):
+    """``outs`` with every result that shares storage with an input or an earlier result copied."""
+    taken = set()
+    for t in xs:
+        if t.numel() and t.device.type != "meta":
+            taken.add(t.untyped_storage().data_ptr())
+    fresh = []
+    for o in outs:
+        if isinstance(o, torch.Tensor) and o.numel() and o.device.type != "meta":
+            ptr = o.untyped_storage().data_ptr()
+            if ptr in taken:
+                o = o.clone(memory_format=torch.contiguous_format)
+                ptr = o.untyped_storage().data_ptr()
+            taken.add(ptr)
+        fresh.append(o)
+    return fresh
+
+
+def _make_kernel(op_type, overload, kinds):
+    cache = {}  # id(attrs) -> _Compiled; OpCall keeps one attrs dict per op
+
+    def kernel(ins, attrs):
+        compiled = cache.get(id(attrs))
+        if compiled is None or compiled.attrs is not attrs:
+            compiled = _Compiled(op_type, kinds, attrs)
+            if len(cache) > 4096:
+                cache.clear()
+            cache[id(attrs)] = compiled
+        xs = ins.get("X") or []
+        outs = _results(compiled.call(overload, xs))
+        return {"Out": _fresh(outs, xs)}
+
+    return kernel
+
+
+def _make_infer(kernel):
+    # The registry's default probes -1 dims with two batch sizes. Here a -1 may stand for
+    # 16*s0 rather than s0, which no probe fits; such an op's shapes are then unknown
+    # (an empty result) rather than an error. The importer records exact shapes anyway.
+    def infer(ins, attrs):
+        specs = ins.get("X") or []
+        if any(s is None or s[0] is None for s in specs):
+            return {}
+        runs = []
+        for batch in (5, 7):
+            xs = [torch.empty([batch if d < 0 else d for d in shape], dtype=torch_dtype(dt),
+                              device="meta") for shape, dt in specs]
+            try:
+                runs.append(kernel({"X": xs}, attrs)["Out"])
+            except Exception:  # noqa: BLE001 - see above: unknown, not wrong
+                return {}
+        out = []
+        for a, b in zip(*runs, strict=True):
+            if a is None or a.dtype not in _DTYPE_OK:
+                out.append(None)
+                continue
+            out.append(([da if da == db else -1 for da, db in zip(a.shape, b.shape,
+                                                                  strict=True)],
+                        dtype_name(a.dtype)))
+        return {"Out": out}
+    return infer
+
+
+_DTYPE_OK = frozenset(DTYPES.values())
+
+
+# Made on demand and kept apart from the registry's table, so ``registered_ops()`` lists
+# the hand-written ops only (there are thousands of ATen overloads).
+_DEFS = {}
+
+
+def aten_op_def(type):
+    """The ``OpDef`` of ATen type ``type`` (made once); None if there is no such overload."""
+    op_def = _DEFS.get(type)
+    if op_def is not None:
+        return op_def
+    overload = resolve_overload(type)
+    if overload is None:
+        return None
+    schema = overload._schema
+    kinds = arg_kinds(overload)
+    attrs = {a.name: ("any", _json_default(a)) for a in schema.arguments}
+    attrs[SYM_ATTR] = ("any", None)
+    kernel = _make_kernel(type, overload, kinds)
+    op_def = OpDef(type, ["X*"], ["Out*"], attrs, kernel, infer=_make_infer(kernel), grad=None,
+                   is_random=torch.Tag.nondeterministic_seeded in overload.tags,
+                   doc=f"ATen {schema}")
+    _DEFS[type] = op_def
+    return op_def
+
+
+# --- compact constants ---------------------------------------------------------------------
+def encode_bytes(tensor):
+    """Base64 of ``tensor``'s raw bytes in row-major, little-endian order."""
+    if sys.byteorder != "little":  # pragma: no cover - torch supports little-endian hosts
+        raise ProgramError("assign_bytes needs a little-endian host")
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
+    return base64.b64encode(raw.numpy().tobytes()).decode("ascii")
+
+
+def decode_bytes(data, shape, dtype):
+    """Inverse of ``encode_bytes``: a CPU tensor of ``shape`` and ``dtype`` (a name)."""
+    dt = torch_dtype(dtype)
+    try:
+        raw = bytearray(base64.b64decode(data.encode("ascii"), validate=True))
+    except (ValueError, UnicodeEncodeError) as e:
+        raise ProgramError(f"assign_bytes: data is not base64: {e}") from None
+    numel = math.prod(shape)
+    if len(raw) != numel * dt.itemsize:
+        raise ProgramError(f"assign_bytes: {len(raw)} bytes do not make a {dtype}{list(shape)} "
+                           f"tensor ({numel * dt.itemsize} bytes)")
+    if numel == 0:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(raw, dtype=dt).reshape(shape)
+
+
+def _bytes_infer(ins, attrs):
+    return {"Out": (list(attrs["shape"]), attrs["dtype"])}
+
+
+@register_op("assign_bytes", [], ["Out"],
+             {"shape": ("ints", REQUIRED), "dtype": ("dtype", "float32"),
+              "data": ("str", REQUIRED)}, infer=_bytes_infer, grad=None)
+def assign_bytes(ins, attrs):
+    """Out = the tensor whose raw little-endian bytes ``data`` holds in base64."""
+    return {"Out": decode_bytes(attrs["data"], attrs["shape"], attrs["dtype"])}

@@ -1,0 +1,236 @@
+"""Timelines of ``ParallelExecutor`` steps in the Chrome trace format (Perfetto, chrome://tracing).
+
+``trace_steps(pe, feeds, fetch_list, steps)`` runs ``steps`` steps with every
+op handle's function wrapped by an ``OpTimer``, which records the step, the op
+handle id, the thread that ran it and ``time.perf_counter_ns`` at start and
+end. ``chrome_trace`` turns the records into ``{"traceEvents": [...]}``:
+
+* one ``"X"`` (complete) event per executed op handle per step: ``name`` is the
+  handle's name, ``cat`` its kind, ``ts``/``dur`` in microseconds from the
+  first traced step's start, ``args`` the step, op id, op type and the vars it
+  reads and writes;
+* ``pid`` is the *lane*: one per place (named ``cpu:0``, ...), then one for
+  the collectives and one for the fetches, which span every place; ``tid`` is
+  the thread, numbered in order of appearance and named after the Python
+  thread (``ssaexec-worker-3``; the caller's thread is ``MainThread``), so
+  overlap between places, threads and all-reduces is visible at a glance;
+* one ``"X"`` event per step (``cat`` ``"step"``) in a ``steps`` lane, and
+  ``"M"`` metadata events naming and ordering the lanes and threads.
+
+Timing caveat: on CUDA places an op's function returns once its kernels are
+queued, so slices show host-side launch time unless ``cuda_sync=True``, which
+synchronises the op's device after every op (accurate, but serialising).
+
+The timer installs itself by replacing the entries of ``GraphRunner.fns``
+(the list the scheduler calls) and puts the originals back on exit; nothing
+in the runtime knows it is being traced.
+"""
+
+import json
+import threading
+import time
+
+from .errors import SSAExecError
+from .executor import fetch_names
+
+__all__ = ["OpTimer", "TraceResult", "trace_steps", "chrome_trace", "write_chrome_trace"]
+
+
+class OpTimer:
+    """Context manager recording every op handle run of ``runner`` (a ``GraphRunner``).
+
+    ``records`` is a list of ``(step, op_id, thread_ident, start_ns, end_ns)``;
+    ``threads`` maps a thread ident to its name. Set ``step`` before each run.
+    """
+
+    def __init__(self, runner, cuda_sync=False):
+        fns = getattr(runner, "fns", None)
+        if not isinstance(fns, list) or len(fns) != len(runner.graph.ops):
+            raise SSAExecError("cannot trace: the graph runner exposes no list of per-op "
+                               "functions (GraphRunner.fns)")
+        self.runner = runner
+        self.cuda_sync = cuda_sync
+        self.step = 0
+        self.records = []
+        self.threads = {}
+        self._originals = None
+
+    def _wrap(self, op, fn):
+        records, threads, clock = self.records, self.threads, time.perf_counter_ns
+        sync = None
+        if self.cuda_sync:
+            devices = {p.device for p in op.places if p.is_cuda} if op.kind != "compute" \
+                else ({op.place.device} if op.place.is_cuda else set())
+            if devices:
+                import torch
+
+                def sync():
+                    for d in devices:
+                        torch.cuda.synchronize(d)
+        op_id = op.id
+
+        def timed():
+            t0 = clock()
+            try:
+                fn()
+                if sync is not None:
+                    sync()
+            finally:
+                t1 = clock()
+                ident = threading.get_ident()
+                if ident not in threads:
+                    threads[ident] = threading.current_thread().name
+                records.append((self.step, op_id, ident, t0, t1))  # list.append is atomic
+        return timed
+
+    def __enter__(self):
+        fns = self.runner.fns
+        self._originals = list(fns)
+        for op in self.runner.graph.ops:
+            fns[op.id] = self._wrap(op, fns[op.id])
+        return self
+
+    def __exit__(self, *exc):
+        self.runner.fns[:] = self._originals
+        self._originals = None
+
+
+class TraceResult:
+    """What ``trace_steps`` measured: op records, step spans and fetched values."""
+
+    __slots__ = ("graph", "records", "threads", "steps", "fetched")
+
+    def __init__(self, graph, records, threads, steps, fetched):
+        self.graph = graph
+        self.records = records
+        self.threads = threads
+        self.steps = steps          # [(step, start_ns, end_ns)]
+        self.fetched = fetched      # [list of fetched values per step]
+
+    def to_chrome(self, metadata=None):
+        """The Chrome trace dict (see the module docstring)."""
+        return chrome_trace(self.graph, self.records, self.threads, self.steps, metadata)
+
+
+def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step=None):
+    """Run ``warmup`` untimed steps, then ``steps`` traced steps of ``pe``.
+
+    Parameters
+    ----------
+    pe : ParallelExecutor
+    feeds : callable or dict
+        ``feeds(k)`` gives the feed of step ``k`` (0-based over warm-up and
+        traced steps), or one dict used every step.
+    fetch_list : list of str
+    steps, warmup : int
+    cuda_sync : bool
+        Synchronise the device after every op on CUDA places (see module docstring).
+    on_step : callable, optional
+        ``on_step(k, fetched, seconds)`` after every traced step (1-based ``k``).
+
+    Returns
+    -------
+    TraceResult
+    """
+    feed_of = feeds if callable(feeds) else (lambda k: feeds)
+    fetch = fetch_names(fetch_list)
+    for k in range(warmup):
+        pe.run(fetch_list=list(fetch), feed=feed_of(k))
+    runner = pe._runner(fetch)  # the compiled graph pe.run uses for this fetch list
+    spans, fetched = [], []
+    with OpTimer(runner, cuda_sync) as timer:
+        for s in range(1, steps + 1):
+            timer.step = s
+            feed = feed_of(warmup + s - 1)
+            t0 = time.perf_counter_ns()
+            values = pe.run(fetch_list=list(fetch), feed=feed)
+            t1 = time.perf_counter_ns()
+            spans.append((s, t0, t1))
+            fetched.append(values)
+            if on_step is not None:
+                on_step(s, values, (t1 - t0) / 1e9)
+    return TraceResult(runner.graph, list(timer.records), dict(timer.threads), spans, fetched)
+
+
+def _lanes(graph):
+    n = len(graph.places)
+    names = {i + 1: str(p) for i, p in enumerate(graph.places)}
+    names[n + 1] = "collectives"
+    names[n + 2] = "fetch"
+    names[n + 3] = "steps"
+    return names, n + 1, n + 2, n + 3
+
+
+def _var_label(v, with_place):
+    return f"{v.name}@v{v.version}" + (f"[{v.place}]" if with_place else "")
+
+
+def chrome_trace(graph, records, threads, steps=(), metadata=None):
+    """Build the Chrome trace dict from ``OpTimer`` records (see the module docstring)."""
+    lane_names, coll_pid, fetch_pid, step_pid = _lanes(graph)
+    origin = min([r[3] for r in records] + [s[1] for s in steps], default=0)
+    tids = {}
+    events = []
+    used = set()
+
+    def tid_of(ident):
+        t = tids.get(ident)
+        if t is None:
+            t = tids[ident] = len(tids) + 1
+        return t
+
+    for step, op_id, ident, t0, t1 in sorted(records, key=lambda r: (r[3], r[1])):
+        op = graph.ops[op_id]
+        if hasattr(op, "place_idx"):
+            pid = op.place_idx + 1
+        else:
+            pid = fetch_pid if op.kind == "fetch" else coll_pid
+        tid = tid_of(ident)
+        used.add((pid, tid))
+        multi = pid > len(graph.places)
+        args = {"step": step, "op_id": op_id, "kind": op.kind,
+                "inputs": [_var_label(v, multi) for v in op.inputs if not v.is_dummy],
+                "outputs": [_var_label(v, multi) for v in op.outputs if not v.is_dummy]}
+        if op.kind == "compute":
+            args["op_type"] = op.op.type
+            args["op_index"] = op.op_index
+        elif op.is_collective:
+            args["vars"] = list(op.var_names)
+            args["seq"] = op.seq
+        events.append({"name": op.name, "cat": op.kind, "ph": "X", "pid": pid, "tid": tid,
+                       "ts": (t0 - origin) / 1000.0, "dur": max(t1 - t0, 0) / 1000.0,
+                       "args": args})
+    for step, t0, t1 in steps:
+        events.append({"name": f"step {step}", "cat": "step", "ph": "X", "pid": step_pid,
+                       "tid": 0, "ts": (t0 - origin) / 1000.0, "dur": (t1 - t0) / 1000.0,
+                       "args": {"step": step}})
+    meta = []
+    pids = sorted({p for p, _ in used} | ({step_pid} if steps else set()))
+    for pid in pids:
+        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                     "args": {"name": lane_names[pid]}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                     "args": {"sort_index": pid}})
+    name_of = {t: threads.get(ident, f"thread {ident}") for ident, t in tids.items()}
+    for pid, tid in sorted(used):
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                     "args": {"name": name_of[tid]}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                     "args": {"sort_index": tid}})
+    if steps:
+        meta.append({"name": "thread_name", "ph": "M", "pid": step_pid, "tid": 0,
+                     "args": {"name": "ParallelExecutor.run"}})
+    other = {"places": [str(p) for p in graph.places], "op_handles": len(graph.ops),
+             "steps": len(steps)}
+    other.update(metadata or {})
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def write_chrome_trace(path, trace):
+    """Write a Chrome trace dict as JSON (``SSAExecError`` when the file cannot be written)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(trace, f, separators=(",", ":"))
+    except OSError as e:
+        raise SSAExecError(f"{path}: cannot write trace: {e.strerror or e}") from None
+    return path

@@ -1,0 +1,153 @@
+"""The benchmark harness (ssaexec.benchmark) and its torch.nn twins (bench/torch_models.py)."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ssaexec as se
+from ssaexec import benchmark
+from ssaexec.models import build_mlp, build_resnet, make_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+twins = benchmark.load_twins()
+
+
+def _losses_both_ways(main, startup, loss, twin, feed, steps=2):
+    scope = se.Scope()
+    exe = se.Executor()
+    exe.run(startup, scope=scope)
+    twins.load_from_scope(twin, main, scope)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+    ours, theirs = [], []
+    for _ in range(steps):
+        ours.append(float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0]))
+        opt.zero_grad()
+        lt = twins.loss_fn(twin(feed["img"]), feed["label"])
+        lt.backward()
+        opt.step()
+        theirs.append(lt.item())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("kw", [dict(depth=18, image_size=16, base=4),
+                                dict(depth=18, image_size=72, base=4),      # ImageNet stem
+                                dict(depth=50, image_size=16, base=4),
+                                dict(depth=50, image_size=16, base=16, cardinality=4, width=4)])
+def test_resnet_twin_matches_builder(kw):
+    main, startup, loss = build_resnet(optimizer=make_optimizer("momentum", 0.01), **kw)
+    twin = twins.ResNet(**kw)
+    g = torch.Generator().manual_seed(0)
+    size = kw["image_size"]
+    feed = {"img": torch.randn(4, 3, size, size, generator=g),
+            "label": torch.randint(0, 10, (4, 1), generator=g)}
+    ours, theirs = _losses_both_ways(main, startup, loss, twin, feed)
+    assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5)
+
+
+def test_mlp_twin_matches_builder():
+    main, startup, loss = build_mlp(optimizer=make_optimizer("momentum", 0.01), in_dim=20,
+                                    hidden=(16, 8))
+    g = torch.Generator().manual_seed(0)
+    feed = {"img": torch.randn(6, 20, generator=g),
+            "label": torch.randint(0, 10, (6, 1), generator=g)}
+    ours, theirs = _losses_both_ways(main, startup, loss, twins.MLP(20, (16, 8)), feed, steps=3)
+    assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_twin_with_wrong_architecture_is_refused():
+    main, startup, _ = build_resnet(18, 32, base=4)
+    scope = se.Scope()
+    se.Executor().run(startup, scope=scope)
+    with pytest.raises(ValueError, match="does not match"):
+        twins.load_from_scope(twins.ResNet(34, 32, base=4), main, scope)
+
+
+def test_bad_options_fail_clearly():
+    with pytest.raises(SystemExit, match="unknown mode"):
+        benchmark.main(["--preset", "tiny", "--modes", "seq,bogus", "--places", "cpu:1"])
+    with pytest.raises(ValueError, match="unknown model"):
+        benchmark.main(["--model", "vgg16", "--places", "cpu:1"])
+
+
+def test_from_torch_flag_without_frontend_errors_clearly():
+    try:
+        from ssaexec.frontends.torch import from_torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit, match="from_torch"):
+            benchmark.main(["--preset", "tiny", "--from-torch", "--places", "cpu:1"])
+    else:
+        pytest.skip("ssaexec.frontends.torch.from_torch exists")
+
+
+@pytest.mark.timeout(240)
+def test_harness_runs_every_mode(tmp_path, capsys):
+    """Acceptance: a tiny model, a couple of steps, every mode; schema and training checked."""
+    out = tmp_path / "tiny.json"
+    png = tmp_path / "tiny.png"
+    try:
+        from ssaexec.frontends.torch import from_torch  # noqa: F401
+        extra = ["--from-torch"]
+    except ImportError:
+        extra = []
+    rc = benchmark.main(["--preset", "tiny", "--places", "cpu:2", "--place-counts", "2",
+                         "--json", str(out), "--plot", str(png), "--no-progress", *extra])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    result = json.loads(out.read_text())
+    assert result["schema"] == benchmark.SCHEMA
+    for key in ("cpu", "cores", "torch", "python", "platform", "loadavg_start", "loadavg_end"):
+        assert key in result["machine"]
+    s = result["settings"]
+    assert s["model"] == "mlp" and s["places"] == [2] and s["device"] == "cpu"
+    runs = {(r["mode"], r["places"]): r for r in result["runs"]}
+    expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-ddp", 2)}
+    if extra:
+        expected.add(("ssaexec-from-torch", 2))
+    assert set(runs) == expected
+    for (mode, places), r in runs.items():
+        assert r["error"] is None, r["error"]
+        assert r["global_batch"] == places * s["batch_per_place"]
+        assert len(r["windows"]) == s["repeats"]
+        for w in r["windows"]:
+            assert w["seconds"] > 0 and w["cpu_seconds"] >= 0
+            assert len(w["step_seconds"]) == len(w["losses"]) == s["steps"]
+        assert len(r["images_per_sec"]) == s["repeats"]
+        assert r["images_per_sec_median"] > 0
+        assert r["peak_rss_mb"] > 0 and len(r["peak_rss_mb_per_process"]) == \
+            (places if mode == "torch-ddp" else 1)
+        losses = r["losses"]
+        assert len(losses) == s["warmup"] + s["repeats"] * s["steps"]
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], (mode, losses)
+        assert r["trained"]
+    # same weights, same data: each one-place mode and each two-place mode trains alike
+    assert runs[("seq", 1)]["losses"] == pytest.approx(runs[("torch-eager", 1)]["losses"],
+                                                       rel=1e-4)
+    assert runs[("ssaexec", 2)]["losses"] == pytest.approx(runs[("torch-ddp", 2)]["losses"],
+                                                           rel=1e-4)
+    if extra:  # the imported twin starts from the builder's weights: it trains alike
+        assert runs[("ssaexec-from-torch", 2)]["losses"] == pytest.approx(
+            runs[("ssaexec", 2)]["losses"], rel=1e-4)
+    assert [c["name"] for c in result["comparisons"]] == ["ssaexec@2 / torch-ddp@2 images/sec"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for mode in ("seq", "ssaexec", "torch-eager", "torch-ddp"):
+        assert mode in text
+
+
+def test_scheduler_overhead_script(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import scheduler_overhead
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "so.json"
+    assert scheduler_overhead.main(["--ops", "200", "--repeats", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    executors = {r["executor"] for r in data["rows"]}
+    assert {"python loop (floor)", "ssaexec Scheduler(1)", "ssaexec Scheduler(4)"} <= executors
+    assert {r["graph"] for r in data["rows"]} == {"chain", "4 chains"}
+    assert "us/op" in capsys.readouterr().out
+
