@@ -18,6 +18,7 @@ from .graph.ssa import SSAGraph
 from .graph.build import build_ssa_graph
 from .parallel_executor import ParallelExecutor
 from .data import DataLoader
+from .frontends.torch import from_torch
 from . import distributed
 
 __version__ = "0.1.0"
@@ -30,7 +31,7 @@ __all__ = [
     "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
-    "DataLoader", "distributed",
+    "DataLoader", "distributed", "from_torch",
 ]
 
 

@@ -651,3 +651,21 @@ def test_progress_bar():
     ProgressBar(4, stream=quiet).update(1)
     ProgressBar(4, stream=Tty(), enabled=False).update(1)
     assert quiet.getvalue() == ""
+
+
+def test_long_edges_are_cut_on_big_graphs():
+    from ssaexec.graph.draw import SPLIT_SPAN, drawn_graph
+    g = graph_of("small_resnet.json")
+    whole = drawn_graph(g, split=False)
+    cut = drawn_graph(g)  # big: cut by default
+    ops = {f"op:{op.id}" for op in g.ops}
+    assert ops <= set(cut.nodes) and ops <= set(whole.nodes)
+    kinds = collections.Counter(d["kind"] for _, d in cut.nodes(data=True))
+    assert kinds["ref"] > 0 and kinds["after"] > 0
+    for node, d in cut.nodes(data=True):
+        if d["kind"] in ("ref", "after"):  # a copy stands for a node of the whole graph
+            assert d["of"] in whole.nodes and cut.out_degree(node) == 1
+    lv = whole.nodes
+    assert max(lv[v]["level"] - lv[u]["level"] for u, v in whole.edges) > SPLIT_SPAN
+    small = drawn_graph(graph_of("seed_mlp.json"))
+    assert not any(d["kind"] in ("ref", "after") for _, d in small.nodes(data=True))

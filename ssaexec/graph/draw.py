@@ -259,7 +259,7 @@ def dot_source(graph, ops=None, collapse=False, show_vars=True, split=None):
     """Graphviz DOT text of ``drawn_graph(...)``, with a legend; node ids are node names."""
     g = drawn_graph(graph, ops, collapse, show_vars, split)
     big = g.number_of_nodes() > BIG_NODES
-    lines = ["digraph ssa {", "  rankdir=TB; newrank=true;"]
+    lines = ["digraph ssa {", "  rankdir=TB;"]
     if big:
         # x placement by network simplex is the slow part on big graphs; bound it
         lines.append("  nslimit=2; nslimit1=2; mclimit=0.5;")
@@ -299,11 +299,12 @@ def _legend(kinds):
         names.append(f"legend:{kind}")
         lines.append(f'    "legend:{kind}" [label="{KIND_LABELS.get(kind, kind)}", shape=box, '
                      f'style=filled, fillcolor="{KIND_COLORS[kind]}", fontsize=8];')
-    lines.append('    "legend:dummy_a" [label="", shape=point, width=0.05];')
-    lines.append('    "legend:dummy_b" [label="dummy edge", shape=plaintext, fontsize=8];')
+    lines.append('    "legend:dummy_a" [label="dummy", shape=plaintext, fontsize=8];')
+    lines.append('    "legend:dummy_b" [label="edge", shape=plaintext, fontsize=8];')
     lines.append('    "legend:dummy_a" -> "legend:dummy_b" [style=dashed, color="#999999"];')
     for a, b in zip(names, names[1:]):
         lines.append(f'    "{a}" -> "{b}" [style=invis];')
+    lines.append(f'    {{rank=same; {"; ".join(_q(n) for n in names)}; "legend:dummy_a";}}')
     lines.append("  }")
     return lines
 
