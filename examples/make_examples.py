@@ -12,8 +12,8 @@ running this again reproduces the files byte for byte.
 import argparse
 from pathlib import Path
 
-from ssaexec.models import build_mlp, build_resnet, build_seed_mlp, build_uci_housing, \
-    make_optimizer
+from ssaexec.models import (build_mlp, build_resnet, build_seed_mlp, build_uci_housing,
+                            make_optimizer)
 from ssaexec.program.io import save_program
 
 HERE = Path(__file__).resolve().parent

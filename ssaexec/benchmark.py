@@ -766,6 +766,9 @@ def _summarise(run, s):
     # change much, so it tells framework overhead from lack of cores
     run["cpu_ms_per_image"] = statistics.median(
         1e3 * w["cpu_seconds"] / (s["steps"] * gb) for w in run["windows"]) if ips else None
+    # cores kept busy (CPU seconds / wall seconds): well under the cores this mode can use
+    # means other processes took the CPU during that window
+    run["cores_busy"] = [w["cpu_seconds"] / w["seconds"] for w in run["windows"]]
     losses = list(run["warmup_losses"]) + [v for w in run["windows"] for v in w["losses"]]
     run["losses"] = losses
     run["trained"] = bool(losses) and all(math.isfinite(v) for v in losses) and \
@@ -800,7 +803,7 @@ def _table(runs, device):
     mem = "peak GPU MiB" if device == "cuda" else "peak RSS MiB"
     head = (f"{'mode':<20} {'places':>6} {'batch/place':>11} {'images/sec':>11} "
             f"{'(min-max)':>15} {'speedup':>8} {'efficiency':>10} {mem:>13} "
-            f"{'CPU ms/img':>10}")
+            f"{'CPU ms/img':>10} {'cores busy':>10}")
     lines = [head, "-" * len(head)]
     for r in runs:
         if r.get("error") is not None:
@@ -815,7 +818,7 @@ def _table(runs, device):
                      f"{r['images_per_sec_median']:>11.1f} "
                      f"{f'({min(ips):.1f}-{max(ips):.1f})':>15} {speedup:>8} {eff:>10} "
                      f"{m if m is not None else float('nan'):>13.0f} "
-                     f"{r['cpu_ms_per_image']:>10.1f}")
+                     f"{r['cpu_ms_per_image']:>10.1f} {statistics.median(r['cores_busy']):>10.2f}")
     return "\n".join(lines)
 
 
@@ -831,10 +834,11 @@ def _plot(result, path):
             modes.append(r["mode"])
     markers = {"seq": "s", "ssaexec": "o", "torch-eager": "D", "torch-ddp": "^",
                "ssaexec-from-torch": "v"}
-    for mode in modes:
+    for k, mode in enumerate(modes):
         rs = sorted((r for r in result["runs"] if r["mode"] == mode and r.get("error") is None),
                     key=lambda r: r["places"])
-        xs = [r["places"] for r in rs]
+        # a small sideways shift per mode keeps overlapping points and bars readable
+        xs = [r["places"] + 0.04 * (k - (len(modes) - 1) / 2) for r in rs]
         ys = [r["images_per_sec_median"] for r in rs]
         lo = [y - min(r["images_per_sec"]) for y, r in zip(ys, rs)]
         hi = [max(r["images_per_sec"]) - y for y, r in zip(ys, rs)]
@@ -889,7 +893,6 @@ def run(args):
         def on_step(cfg):
             bar.update(1, mode=f"{cfg['mode']}@{cfg['places']}")
 
-        workers = []
         for cfg in configs:
             runs.append({"mode": cfg["mode"], "places": cfg["places"], "device": device,
                          "batch_per_place": s["batch_per_place"],

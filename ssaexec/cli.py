@@ -243,6 +243,8 @@ def build_parser():
                    help="draw op handles only (edges between ops)")
     p.add_argument("--engine", choices=("auto", "graphviz", "matplotlib"), default="auto",
                    help="renderer (default: Graphviz when installed, else matplotlib)")
+    p.add_argument("--dpi", type=_positive, default=None,
+                   help="PNG resolution (default: 96 with Graphviz, 110 with matplotlib)")
     _select_opts(p)
     p.set_defaults(func=cmd_viz)
 
@@ -505,7 +507,7 @@ def cmd_viz(args):
         raise UsageError("nothing to draw: --block/--filter matched no op handle")
     use_dot = {"auto": None, "graphviz": True, "matplotlib": False}[args.engine]
     engine = render(graph, args.output, ops=ops, collapse=args.collapse,
-                    show_vars=not args.no_vars, use_dot=use_dot,
+                    show_vars=not args.no_vars, use_dot=use_dot, dpi=args.dpi,
                     notify=lambda msg: print(f"ssaexec: note: {msg}", file=sys.stderr))
     what = "DOT source" if engine == "dot-text" else f"drawn with {engine}"
     print(f"wrote {args.output} ({len(ops)} op handles, {len(graph.places)} places, {what})")
@@ -852,8 +854,11 @@ def cmd_trace(args):
 # --- convert -------------------------------------------------------------------------------
 
 def cmd_convert(args):
-    from .program.io import _format, save_program
-    _format(args.output)  # an unknown OUT suffix fails before anything is read
+    from .errors import ProgramError
+    from .program.io import FORMATS, save_program
+    if Path(args.output).suffix.lower() not in FORMATS:  # fail before reading anything
+        raise ProgramError(f"{args.output}: unknown program file suffix "
+                           f"{Path(args.output).suffix!r}; use one of {', '.join(FORMATS)}")
     program = _load(args.input)
     save_program(program, args.output)
     form = "JSON" if Path(args.output).suffix.lower() == ".json" else "text"

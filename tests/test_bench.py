@@ -151,3 +151,16 @@ def test_scheduler_overhead_script(tmp_path, capsys):
     assert {r["graph"] for r in data["rows"]} == {"chain", "4 chains"}
     assert "us/op" in capsys.readouterr().out
 
+
+
+def test_failing_mode_is_reported_not_hidden(tmp_path, capsys):
+    # batch 1 on an 8x8 image: torch's batch norm refuses a single value per channel
+    out = tmp_path / "fail.json"
+    rc = benchmark.main(["--model", "resnet18", "--base", "4", "--image-size", "8", "-b", "1",
+                         "--warmup", "1", "--steps", "1", "--repeats", "1", "--places", "cpu:1",
+                         "--modes", "torch-eager", "--json", str(out), "--plot", "none",
+                         "--no-progress"])
+    assert rc == 1
+    run, = json.loads(out.read_text())["runs"]
+    assert run["mode"] == "torch-eager" and "more than 1 value per channel" in run["error"]
+    assert "FAILED" in capsys.readouterr().out

@@ -12,6 +12,7 @@ platform without ``fork``) runs everything as ordinary subprocesses.
 """
 
 import collections
+import itertools
 import json
 import math
 import os
@@ -394,10 +395,9 @@ def test_analysis_on_a_hand_built_graph():
 
 def test_max_antichain_matches_brute_force():
     # Dilworth via matching against a brute-force search on small random DAGs
-    import itertools
     import random
     rng = random.Random(0)
-    for trial in range(30):
+    for _ in range(30):
         n = rng.randint(1, 9)
         edges = [(i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < 0.3]
         g = SSAGraph(Program(), se.cpu_places(1), se.BuildStrategy())
@@ -431,7 +431,7 @@ def test_run(cli, name):
     stem, suffix = name.rsplit(".", 1)
     assert f"parameters: {example(f'{stem}.startup.{suffix}')}\n" in res.out, res
     if name == "mnist_mlp.json":
-        assert all(b < a for a, b in zip(losses, losses[1:])), losses
+        assert all(b < a for a, b in itertools.pairwise(losses)), losses
         assert losses[-1] < 0.5 * losses[0], losses
 
 

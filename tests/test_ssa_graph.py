@@ -4,11 +4,10 @@ The checks here recompute the invariants independently of ``SSAGraph.lint``
 (reachability comes from ``to_networkx()`` / ``op_graph()`` and networkx), so a
 bug in lint and the same bug in the builder cannot hide each other.
 
-Version numbering (as in Paddle's builder): the handles of one (name, place)
-are numbered 0..n-1. Version 0 is the value that exists before the run when
-the name is first *read*; when the first access is a write, that write makes
-version 0. So a read sees version = (writes before it) when the name existed
-before the run, and (writes before it) - 1 otherwise.
+Version numbering (as in the design brief): the handles of one (name, place)
+are numbered 0..n-1. Version 0 is the value that exists before the run (it has
+no writer, and no reader when the name's first access is a write); each write
+makes the next version. So a read sees version = number of writes before it.
 """
 
 import collections
@@ -431,7 +430,7 @@ def expected_versions(program, io, graph):
                 rv[name] = state[pi].setdefault(name, 0)
             wv = {}
             for name in writes:
-                state[pi][name] = wv[name] = state[pi][name] + 1 if name in state[pi] else 0
+                state[pi][name] = wv[name] = state[pi].get(name, 0) + 1
             out[i, pi] = (rv, wv)
         for param, grad in op.role_var if op.role == "backward" else ():
             if reduce_mode:

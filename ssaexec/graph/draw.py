@@ -26,6 +26,7 @@ others are copies), ``sections`` keeps parts of the training step
 ``pattern`` keeps ops whose name, op type or var names match a regex.
 """
 
+import itertools
 import math
 import os
 import re
@@ -261,8 +262,9 @@ def dot_source(graph, ops=None, collapse=False, show_vars=True, split=None):
     big = g.number_of_nodes() > BIG_NODES
     lines = ["digraph ssa {", "  rankdir=TB;"]
     if big:
-        # x placement by network simplex is the slow part on big graphs; bound it
-        lines.append("  nslimit=2; nslimit1=2; mclimit=0.5;")
+        # ranking with clusters and x placement by network simplex are the slow parts on
+        # big graphs (newrank ranks globally; it reorders clusters, so small graphs go without)
+        lines.append("  newrank=true; nslimit=2; nslimit1=2; mclimit=0.5;")
     lines += ['  node [fontname="Helvetica", fontsize=10, id="\\N"];',
               '  edge [fontname="Helvetica", fontsize=8];']
     by_band = {}
@@ -302,7 +304,7 @@ def _legend(kinds):
     lines.append('    "legend:dummy_a" [label="dummy", shape=plaintext, fontsize=8];')
     lines.append('    "legend:dummy_b" [label="edge", shape=plaintext, fontsize=8];')
     lines.append('    "legend:dummy_a" -> "legend:dummy_b" [style=dashed, color="#999999"];')
-    for a, b in zip(names, names[1:]):
+    for a, b in itertools.pairwise(names):
         lines.append(f'    "{a}" -> "{b}" [style=invis];')
     lines.append(f'    {{rank=same; {"; ".join(_q(n) for n in names)}; "legend:dummy_a";}}')
     lines.append("  }")
@@ -310,7 +312,7 @@ def _legend(kinds):
 
 
 def render(graph, path, ops=None, collapse=False, show_vars=True, use_dot=None, notify=None,
-           timeout=DOT_TIMEOUT):
+           timeout=DOT_TIMEOUT, dpi=None):
     """Draw ``graph`` (or just ``ops``) into ``path``; return the engine used.
 
     Parameters
@@ -330,6 +332,8 @@ def render(graph, path, ops=None, collapse=False, show_vars=True, use_dot=None, 
     timeout : float
         Seconds Graphviz may take before the matplotlib fallback takes over
         (with ``use_dot=True``, an error instead).
+    dpi : int, optional
+        Resolution of a PNG (default: Graphviz's 96, the fallback's 110).
 
     Returns
     -------
@@ -347,7 +351,8 @@ def render(graph, path, ops=None, collapse=False, show_vars=True, use_dot=None, 
     if dot is not None:
         text = dot_source(graph, ops, collapse, show_vars)
         try:
-            proc = subprocess.run([dot, f"-T{fmt}", "-o", str(path)], input=text,
+            extra = [f"-Gdpi={int(dpi)}"] if dpi and fmt == "png" else []
+            proc = subprocess.run([dot, f"-T{fmt}", *extra, "-o", str(path)], input=text,
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             if use_dot:
@@ -368,7 +373,8 @@ def render(graph, path, ops=None, collapse=False, show_vars=True, use_dot=None, 
     elif notify is not None and use_dot is None:
         notify(f"Graphviz 'dot' not found (install graphviz or set ${DOT_ENV}); "
                f"drawing {name} with matplotlib instead")
-    _draw_matplotlib(graph, drawn_graph(graph, ops, collapse, show_vars), path, fmt, collapse)
+    _draw_matplotlib(graph, drawn_graph(graph, ops, collapse, show_vars), path, fmt, collapse,
+                     dpi)
     return "matplotlib"
 
 
@@ -462,7 +468,7 @@ def _box(x, y, d):
     return [(x - hw, y - _BOX_H), (x + hw, y - _BOX_H), (x + hw, y + _BOX_H), (x - hw, y + _BOX_H)]
 
 
-def _draw_matplotlib(graph, g, path, fmt, collapse):
+def _draw_matplotlib(graph, g, path, fmt, collapse, dpi=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -543,7 +549,7 @@ def _draw_matplotlib(graph, g, path, fmt, collapse):
             handles.append(Line2D([], [], color="#999999", ls=(0, (3, 2)), label="dummy edge"))
             fig.legend(handles=handles, loc="lower center", fontsize=_FONT + 1, frameon=False,
                        ncol=min(len(handles), 7))
-        dpi = 110
+        dpi = dpi or 110
         if fmt == "png":  # at most about 40 megapixels and 30000 pixels a side
             dpi = max(12, min(dpi, int(math.sqrt(40e6 / (fig_w * fig_h))),
                               int(30000 / max(fig_w, fig_h))))

@@ -256,7 +256,11 @@ class SSAGraph:
         Adds the hazard edges: every reader of the previous version runs first
         (write-after-read), and so does the previous writer (write-after-write).
         """
-        versions = self.vars[place_idx].setdefault(name, [])
+        versions = self.vars[place_idx].get(name)
+        if not versions:
+            # version 0 is the value before the run, even when nobody reads it
+            versions = self.vars[place_idx][name] = [
+                VarHandle(name, self.places[place_idx], place_idx, 0)]
         if versions:
             prev = versions[-1]
             for reader in prev.pending_ops:
