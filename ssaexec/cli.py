@@ -206,6 +206,16 @@ examples:
   ssaexec convert examples/seed_mlp.json seed_mlp.ssa
   ssaexec convert seed_mlp.ssa seed_mlp.json
 """,
+    "bench": """\
+Trains a model on synthetic images in every mode (seq, ssaexec on 1..N places,
+torch-eager, torch-ddp) with the same weights and data, and reports images/sec,
+speedup, scaling efficiency and peak memory; writes JSON and a PNG plot.
+
+examples:
+  ssaexec bench --quick
+  ssaexec bench --model resnet18 --places cpu:2
+  ssaexec bench --model resnet50 --image-size 224 --places cuda
+""",
 }
 
 
@@ -278,7 +288,19 @@ def build_parser():
     p.add_argument("--no-startup", action="store_true",
                    help="do not convert IN's startup program along with it")
     p.set_defaults(func=cmd_convert)
+
+    p = add("bench", "measure images/sec and scaling against PyTorch eager and DDP")
+    from . import benchmark
+    benchmark.add_arguments(p)
+    p.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_bench(args):
+    """``ssaexec bench``: the benchmark harness (``ssaexec.benchmark``)."""
+    from . import benchmark
+    result = benchmark.run(args)
+    return EXIT_FAILURE if any(r["error"] is not None for r in result["runs"]) else EXIT_OK
 
 
 # --- shared helpers ------------------------------------------------------------------------

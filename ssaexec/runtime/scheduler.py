@@ -128,6 +128,10 @@ class Scheduler:
             self._workers.append(t)
 
     def _worker_loop(self):
+        # torch's intra-op thread count is applied per thread on first use of some
+        # kernels; set it here so a fresh worker honours the executor's limit at once
+        import torch
+        torch.set_num_threads(torch.get_num_threads())
         get = self._queue.get
         while True:
             item = get()
