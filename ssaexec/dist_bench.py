@@ -28,7 +28,6 @@ orphans.
 import datetime
 import json
 import os
-import resource
 import sys
 import time
 import traceback
@@ -48,20 +47,7 @@ def _die_with_parent():
             pass
 
 
-def _rss_mb():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _peak_rss_mb():
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+from .benchmark import _peak_rss_mb, _rss_mb  # noqa: E402  (one definition of both)
 
 
 class _Worker:
