@@ -68,7 +68,7 @@ from pathlib import Path
 __all__ = ["main", "add_arguments", "run", "PRESETS", "MODES", "load_twins",
            "machine_description"]
 
-MODES = ("seq", "ssaexec", "torch-eager", "torch-ddp", "ssaexec-from-torch")
+MODES = ("seq", "ssaexec", "torch-eager", "torch-ddp", "ssaexec-from-torch", "ssaexec-nproc")
 DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
@@ -578,8 +578,14 @@ class _WorkerProcess:
         root = str(_repo_root())
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                     else "")
+        if cfg.get("nproc"):
+            # ssaexec under torchrun: rank 0 of ssaexec.dist_bench speaks the same protocol
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(cfg["nproc"]), "-m", "ssaexec.dist_bench"]
+        else:
+            cmd = [sys.executable, "-c", "import ssaexec.benchmark as b; b._worker_main()"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import ssaexec.benchmark as b; b._worker_main()"],
+            cmd,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
             bufsize=1, env=env, cwd=root)
         self.send(json.dumps(cfg))
@@ -664,6 +670,9 @@ def add_arguments(ap):
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="settings to start from (default: 'default'); options override them")
     ap.add_argument("--quick", action="store_true", help="same as --preset quick (make demo)")
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="also run ssaexec under torchrun with this many processes (mode "
+                         "ssaexec-nproc; places are divided among them)")
     ap.add_argument("--model", help="mlp, resnet18/34/50/101/152 or resnext50/101/152")
     ap.add_argument("--image-size", type=int, help="32 (CIFAR stem) or e.g. 224 (ImageNet stem)")
     ap.add_argument("--base", type=int, help="ResNet width of the first stage (64 standard)")
@@ -738,6 +747,8 @@ def _plan(args, s):
         [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.from_torch and "ssaexec-from-torch" not in modes:
         modes.append("ssaexec-from-torch")
+    if args.nproc and "ssaexec-nproc" not in modes:
+        modes.append("ssaexec-nproc")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
@@ -752,8 +763,14 @@ def _plan(args, s):
     configs = []
     for mode in modes:
         for p in ([1] if mode in ("seq", "torch-eager") else counts):
-            configs.append({"mode": mode, "places": p, "device": device, "settings": s,
-                            "warmup": s["warmup"], "steps": s["steps"]})
+            cfg = {"mode": mode, "places": p, "device": device, "settings": s,
+                   "warmup": s["warmup"], "steps": s["steps"]}
+            if mode == "ssaexec-nproc":
+                nproc = args.nproc or 2
+                if p % nproc:
+                    continue  # the places are divided among the processes
+                cfg["nproc"] = nproc
+            configs.append(cfg)
     return configs, device, counts
 
 
@@ -833,7 +850,7 @@ def _plot(result, path):
         if r.get("error") is None and r["mode"] not in modes:
             modes.append(r["mode"])
     markers = {"seq": "s", "ssaexec": "o", "torch-eager": "D", "torch-ddp": "^",
-               "ssaexec-from-torch": "v"}
+               "ssaexec-from-torch": "v", "ssaexec-nproc": "P"}
     for k, mode in enumerate(modes):
         rs = sorted((r for r in result["runs"] if r["mode"] == mode and r.get("error") is None),
                     key=lambda r: r["places"])

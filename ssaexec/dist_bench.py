@@ -144,7 +144,7 @@ def main():
         while next_line() == "run":
             step_s, losses = [], []
             worker.sync()
-            start = time.perf_counter()
+            cpu0, start = time.process_time(), time.perf_counter()
             for _ in range(cfg["steps"]):
                 t = time.perf_counter()
                 losses.append(worker.step())
@@ -152,10 +152,12 @@ def main():
                 step_s.append(time.perf_counter() - t)
                 emit({"event": "step"})
             seconds = time.perf_counter() - start
-            everyone = coll.gather_objects((seconds, step_s, losses), "gather of the timings")
+            cpu = time.process_time() - cpu0
+            everyone = coll.gather_objects((seconds, step_s, losses, cpu), "gather of the timings")
             emit({"event": "window", "seconds": max(e[0] for e in everyone),
                   "step_seconds": [max(v) for v in zip(*(e[1] for e in everyone))],
-                  "losses": [sum(v) / len(v) for v in zip(*(e[2] for e in everyone))]})
+                  "losses": [sum(v) / len(v) for v in zip(*(e[2] for e in everyone))],
+                  "cpu_seconds": sum(e[3] for e in everyone)})
         peaks = coll.gather_objects((_peak_rss_mb(), worker.cuda_peak_mb()),
                                     "gather of the peak memory")
         cuda_peaks = [p[1] for p in peaks if p[1] is not None]
