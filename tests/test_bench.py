@@ -93,6 +93,7 @@ def test_harness_runs_every_mode(tmp_path, capsys):
         extra = ["--from-torch"]
     except ImportError:
         extra = []
+    extra += ["--nproc", "2"]
     rc = benchmark.main(["--preset", "tiny", "--places", "cpu:2", "--place-counts", "2",
                          "--json", str(out), "--plot", str(png), "--no-progress", *extra])
     text = capsys.readouterr().out
@@ -104,8 +105,9 @@ def test_harness_runs_every_mode(tmp_path, capsys):
     s = result["settings"]
     assert s["model"] == "mlp" and s["places"] == [2] and s["device"] == "cpu"
     runs = {(r["mode"], r["places"]): r for r in result["runs"]}
-    expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-ddp", 2)}
-    if extra:
+    expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-ddp", 2),
+                ("ssaexec-nproc", 2)}
+    if "--from-torch" in extra:
         expected.add(("ssaexec-from-torch", 2))
     assert set(runs) == expected
     for (mode, places), r in runs.items():
@@ -118,7 +120,7 @@ def test_harness_runs_every_mode(tmp_path, capsys):
         assert len(r["images_per_sec"]) == s["repeats"]
         assert r["images_per_sec_median"] > 0
         assert r["peak_rss_mb"] > 0 and len(r["peak_rss_mb_per_process"]) == \
-            (places if mode == "torch-ddp" else 1)
+            (places if mode in ("torch-ddp", "ssaexec-nproc") else 1)
         losses = r["losses"]
         assert len(losses) == s["warmup"] + s["repeats"] * s["steps"]
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], (mode, losses)
@@ -128,7 +130,10 @@ def test_harness_runs_every_mode(tmp_path, capsys):
                                                        rel=1e-4)
     assert runs[("ssaexec", 2)]["losses"] == pytest.approx(runs[("torch-ddp", 2)]["losses"],
                                                            rel=1e-4)
-    if extra:  # the imported twin starts from the builder's weights: it trains alike
+    # ssaexec under torchrun (2 processes x 1 place) trains like 1 process x 2 places
+    assert runs[("ssaexec-nproc", 2)]["losses"] == pytest.approx(runs[("ssaexec", 2)]["losses"],
+                                                                rel=1e-4)
+    if "--from-torch" in extra:  # the imported twin starts from the builder's weights: it trains alike
         assert runs[("ssaexec-from-torch", 2)]["losses"] == pytest.approx(
             runs[("ssaexec", 2)]["losses"], rel=1e-4)
     assert [c["name"] for c in result["comparisons"]] == ["ssaexec@2 / torch-ddp@2 images/sec"]
