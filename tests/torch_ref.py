@@ -5,21 +5,16 @@ start from identical weights (fc weights are [in, out] in ssaexec, [out, in] in
 torch.nn.Linear).
 """
 
+import os
+import sys
+
 import torch
 import torch.nn as nn
 
+from ssaexec.benchmark import torch_optimizer  # noqa: F401  (the optimizer twins)
 
-class MLP(nn.Module):
-    def __init__(self, in_dim=784, hidden=(128, 64), classes=10):
-        super().__init__()
-        dims = [in_dim, *hidden]
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
-        self.out = nn.Linear(dims[-1], classes)
-
-    def forward(self, x):
-        for lin in self.hidden:
-            x = torch.relu(lin(x))
-        return self.out(x)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+from torch_models import MLP  # noqa: E402,F401  (the MLP twin lives with the benchmark's)
 
 
 class CNN(nn.Module):
@@ -58,15 +53,3 @@ def param_close(value, torch_param, rtol=1e-6, atol=1e-9):
     if t.dim() == 2 and value.shape != t.shape:
         t = t.t()
     return torch.allclose(value, t, rtol=rtol, atol=atol)
-
-
-def torch_optimizer(name, params, lr):
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "nesterov":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise ValueError(name)
