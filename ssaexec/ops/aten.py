@@ -63,7 +63,7 @@ import torch
 
 from ..errors import ProgramError
 from ..program.desc import DTYPES, dtype_name, torch_dtype
-from .registry import REQUIRED, OpDef, register_op
+from .registry import REQUIRED, OpDef, register_op, unaliased
 
 __all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds",
            "parse_size_expr", "encode_bytes", "decode_bytes"]
@@ -346,20 +346,7 @@ def _results(out):
 
 def _fresh(outs, xs):
     """``outs`` with every result that shares storage with an input or an earlier result copied."""
-    taken = set()
-    for t in xs:
-        if t.numel() and t.device.type != "meta":
-            taken.add(t.untyped_storage().data_ptr())
-    fresh = []
-    for o in outs:
-        if isinstance(o, torch.Tensor) and o.numel() and o.device.type != "meta":
-            ptr = o.untyped_storage().data_ptr()
-            if ptr in taken:
-                o = o.clone(memory_format=torch.contiguous_format)
-                ptr = o.untyped_storage().data_ptr()
-            taken.add(ptr)
-        fresh.append(o)
-    return fresh
+    return unaliased(outs, xs)
 
 
 def _make_kernel(op_type, overload, kinds):

@@ -287,30 +287,33 @@ def _register_auto_grad(fwd):
     fwd.grad_uses = uses
 
 
-def _unaliased(grads, ins):
-    """``grads`` with every tensor that shares memory with an input (or another grad) copied.
+def unaliased(outs, inputs):
+    """``outs`` with every tensor that shares memory with an input (or an earlier output) copied.
 
-    vjp hands back the cotangent itself, or a view of it, for linear ops (assign,
-    reshape, sum, reduce_sum, concat ...), and the same tensor for several
-    inputs of ``sum``. Kernels must return fresh tensors: the executor binds
-    each result to its own var, and an in-place update of one (an in-place
-    all-reduce of a parameter's gradient) must not change another.
+    Kernels must return fresh tensors: the executor binds each result to its own
+    var, and an in-place update of one (an in-place all-reduce of a gradient)
+    must not change another. vjp hands back the cotangent itself, or a view of
+    it, for linear ops; ATen view ops alias their input. Meta tensors are skipped.
     """
     taken = set()
-    for v in ins.values():
-        for t in (v if isinstance(v, list) else [v]):
-            if isinstance(t, torch.Tensor) and t.numel():
-                taken.add(t.untyped_storage().data_ptr())
-    out = []
-    for g in grads:
-        if g.numel():
-            ptr = g.untyped_storage().data_ptr()
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+            taken.add(t.untyped_storage().data_ptr())
+    fresh = []
+    for o in outs:
+        if isinstance(o, torch.Tensor) and o.numel() and o.device.type != "meta":
+            ptr = o.untyped_storage().data_ptr()
             if ptr in taken:
-                g = g.clone(memory_format=torch.contiguous_format)
-                ptr = g.untyped_storage().data_ptr()
+                o = o.clone(memory_format=torch.contiguous_format)
+                ptr = o.untyped_storage().data_ptr()
             taken.add(ptr)
-        out.append(g)
-    return out
+        fresh.append(o)
+    return fresh
+
+
+def _unaliased(grads, ins):
+    flat = [t for v in ins.values() for t in (v if isinstance(v, list) else [v])]
+    return unaliased(grads, flat)
 
 
 def get_op_def(type, missing_ok=False):
