@@ -178,6 +178,13 @@ def init(backend=None, timeout=DEFAULT_TIMEOUT, places=None, debug=None):
                                     str(dist.get_backend()), secs, bool(debug), owned=False)
             return _info
         rank, world, local_rank, local_world = _torchrun_env()
+        standalone = world == 1 and not os.environ.get("MASTER_ADDR")
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+        if not standalone and missing:  # the launcher check comes before any backend check
+            raise DistributedError(f"{' and '.join(missing)} not set: launch with torchrun (it "
+                                   "sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), see "
+                                   "docs/distributed.md")
+        _import_world_defaults()
         if places is None and backend in (None, "nccl") and torch.cuda.is_available():
             places = local_places(_local=(local_rank, local_world))
         backend = backend or _default_backend(places)
@@ -187,15 +194,10 @@ def init(backend=None, timeout=DEFAULT_TIMEOUT, places=None, debug=None):
                                   local_rank % max(1, torch.cuda.device_count()))
         td = datetime.timedelta(seconds=secs)
         try:
-            if world == 1 and not os.environ.get("MASTER_ADDR"):
+            if standalone:
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                         timeout=td)
             else:
-                missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
-                if missing:
-                    raise DistributedError(f"{' and '.join(missing)} not set: launch with "
-                                           "torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR and "
-                                           "MASTER_PORT), see docs/distributed.md")
                 dist.init_process_group(backend, init_method="env://", rank=rank,
                                         world_size=world, timeout=td)
         except DistributedError:
@@ -212,6 +214,20 @@ def init(backend=None, timeout=DEFAULT_TIMEOUT, places=None, debug=None):
             atexit.register(shutdown)
             _atexit_registered = True
         return _info
+
+
+def _import_world_defaults():
+    # torch.distributed.nn.functional evaluates ``group=group.WORLD`` as default arguments
+    # when it is imported, and torch._dynamo imports it (our shape inference imports dynamo
+    # on first use). Imported after init_process_group, those defaults keep the default
+    # group alive past destroy_process_group, so gloo's run-loop threads survive to
+    # interpreter exit, where one of them drops its last work item, needs the GIL for the
+    # tensors' Python objects, and aborts the process ("terminate called without an active
+    # exception"). Imported before, the defaults are None and shutdown joins the threads.
+    try:
+        import torch.distributed.nn.functional  # noqa: F401
+    except Exception:  # noqa: BLE001 - optional module; without it nothing captures WORLD
+        pass
 
 
 def shutdown():

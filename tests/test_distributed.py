@@ -293,6 +293,48 @@ def test_documented_torchrun_recipe_runs(tmp_path):
     assert ref == pytest.approx(losses, rel=1e-5)
 
 
+_TEARDOWN_PROBE = """
+import os, sys
+import torch
+from ssaexec import distributed as dist
+import ssaexec as se
+dist.init(backend="gloo", timeout=30)
+# building a program imports torch._dynamo on first use, after the group exists
+main, startup = se.Program(), se.Program()
+with se.program_guard(main, startup):
+    se.layers.fc(se.layers.data("x", [-1, 3], "float32"), 2)
+import torch._dynamo  # noqa: F401
+dist.average(torch.ones(2))
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return [n for n in names if n.startswith(("pt_gloo", "gloo"))]
+assert gloo_threads(), "gloo has run-loop threads while the group lives"
+dist.shutdown()
+left = gloo_threads()
+print("left:", left)
+sys.exit(1 if left else 0)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc thread names")
+def test_shutdown_joins_the_gloo_threads_even_after_dynamo_is_imported():
+    """The cause of the torchrun recipe's random SIGABRT at exit.
+
+    ``torch.distributed.nn.functional`` captures ``group.WORLD`` in default
+    arguments when imported; torch._dynamo imports it, and our shape inference
+    imports dynamo. Imported after ``init``, it kept the group (and gloo's
+    run-loop threads) alive past ``destroy_process_group``, and a run-loop thread
+    that released its last work item during interpreter finalisation aborted the
+    process. ``init`` imports it first, so ``shutdown`` joins the threads.
+    """
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        assert k not in _env()
+    proc = subprocess.run([sys.executable, "-c", _TEARDOWN_PROBE], env=_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "left: []" in proc.stdout
+
+
 # --- in-process: helpers and errors that need no second process --------------------------
 
 def test_shard_gives_equal_strided_shares():
