@@ -15,13 +15,19 @@ copy a program's initial weights into it one to one:
 BN momentum follows Paddle (running = 0.9 * running + 0.1 * batch), which is
 torch's ``momentum=0.1``. The loss is softmax cross entropy averaged over the
 batch (``F.cross_entropy``), labels shaped ``[N, 1]`` as the programs feed them.
+
+``Transformer`` has no builder program: the benchmark imports it with
+``se.from_torch`` (wrapped in ``WithLoss``, so the feeds are named ``img`` and
+``label`` like the builder's), and every mode starts from the same seeded
+initial weights instead of the builder's.
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MLP", "ResNet", "build_twin", "load_from_scope", "loss_fn"]
+__all__ = ["MLP", "ResNet", "Transformer", "WithLoss", "build_twin", "load_from_scope",
+           "loss_fn"]
 
 _RESNET_BLOCKS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),
                   50: ("bottleneck", [3, 4, 6, 3]), 101: ("bottleneck", [3, 4, 23, 3]),
@@ -120,17 +126,57 @@ class ResNet(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
+class Transformer(nn.Module):
+    """A small encoder-only transformer classifier: issue 13's launch-bound model.
+
+    Input ``[N, seq, d_model]`` features; ``layers`` post-norm
+    ``nn.TransformerEncoderLayer`` (``heads`` heads, ReLU feed-forward of
+    ``4 * d_model``, dropout off so every mode computes the same numbers), the
+    mean over the sequence, then a linear head to ``classes`` logits. With the
+    defaults (2 layers, d_model 32) a training step is ~300 tiny ATen ops.
+    """
+
+    def __init__(self, d_model=32, heads=2, layers=2, classes=10):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0,
+                                           batch_first=True)
+        # no nested-tensor fast path: it only applies in eval mode and warns otherwise
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+class WithLoss(nn.Module):
+    """``loss_fn(model(img), label)`` as a module, the form ``se.from_torch`` imports.
+
+    Its forward returns the loss, so the imported program's feeds are ``img`` and
+    ``label``, the names the builder's programs use.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, img, label):
+        return loss_fn(self.model(img), label)
+
+
 def build_twin(name, **kw):
     """The twin of ``ssaexec.models.build_model(name, **kw)`` (model kwargs only)."""
     kw = {k: v for k, v in kw.items() if k not in ("dtype", "optimizer", "seed")}
     if name == "mlp":
         return MLP(**kw)
+    if name == "transformer":
+        return Transformer(**kw)
     if name.startswith("resnext"):
         return ResNet(int(name[len("resnext"):]), cardinality=kw.pop("cardinality", 32),
                       width=kw.pop("width", 4), **kw)
     if name.startswith("resnet"):
         return ResNet(int(name[len("resnet"):]), **kw)
-    raise ValueError(f"no torch twin for model {name!r}: use mlp, resnetN or resnextN")
+    raise ValueError(f"no torch twin for model {name!r}: use mlp, transformer, resnetN or "
+                     "resnextN")
 
 
 def loss_fn(logits, label):

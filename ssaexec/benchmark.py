@@ -17,6 +17,12 @@ and prints a table (images/sec, speedup over 1 place, scaling efficiency,
 peak memory), writes a JSON file with every raw timing and the machine, and
 a PNG plot of images/sec against places.
 
+``--model transformer`` (issue 13's launch-bound model: 2 encoder layers,
+d_model 32, batch 4 x seq 16, SGD, one torch thread) has no builder program:
+``build_program`` imports the twin with ``from_torch``, so ``seq``,
+``ssaexec`` and ``ssaexec-nproc`` run the imported program and every mode
+starts from the twin's seeded initial weights. "Images" are then sequences.
+
 Policy. Every (mode, places) pair runs in its own worker process
 (``python -c 'import ssaexec.benchmark as b; b._worker_main()'``), so peak
 memory is that process's own: ``ru_maxrss`` on CPU (summed over the ranks
@@ -38,9 +44,9 @@ with ``p`` places place ``i`` (or DDP rank ``i``) trains on samples
 is fixed (weak scaling). The optimizer is SGD with momentum 0.9 unless told.
 
 Threads (CPU). ``seq``, ``torch-eager`` and one-place ``ssaexec`` use every
-core; ``ParallelExecutor`` itself limits torch to ``cores // places`` threads
-per process when it has several CPU places; each DDP process gets
-``cores // processes``.
+core (at most ``--torch-threads``); ``ParallelExecutor`` itself limits torch
+to ``cores // places`` threads per process when it has several CPU places;
+each DDP process gets ``cores // processes`` (at most ``--torch-threads``).
 
 Worker protocol (line-based): the parent writes the config as one JSON line,
 then ``run`` (one timed window) or ``exit`` lines; the worker answers JSON
@@ -89,11 +95,17 @@ PRESETS = {
     # GPUs: the seed document's ResNeXt152 table (batch 12 per GPU).
     "resnext152": dict(model="resnext152", image_size=224, batch_per_place=12, warmup=3,
                        steps=10, repeats=3),
+    # --model transformer: issue 13's small imported transformer, one torch thread
+    # (launch-bound: ~300 tiny ops a step, a millisecond in eager), ~1 min on 2 CPU cores.
+    "transformer": dict(model="transformer", d_model=32, heads=2, layers=2, seq_len=16,
+                        batch_per_place=4, warmup=5, steps=20, repeats=5, optimizer="sgd",
+                        lr=0.01, torch_threads=1),
 }
 
 _DEFAULTS = dict(model="resnet18", image_size=32, base=64, classes=10, in_dim=784,
-                 hidden="128,64", cardinality=32, width=4, batch_per_place=32, warmup=2, steps=3,
-                 repeats=3, optimizer="momentum", lr=0.01, seed=0)
+                 hidden="128,64", cardinality=32, width=4, d_model=32, heads=2, layers=2,
+                 seq_len=16, batch_per_place=32, warmup=2, steps=3, repeats=3,
+                 optimizer="momentum", lr=0.01, seed=0, torch_threads=None)
 
 TARGETS = [
     # (name, numerator run, denominator run, quantity, at least / at most, threshold)
@@ -139,6 +151,10 @@ def _model_kwargs(s):
         hidden = tuple(int(h) for h in str(s["hidden"]).split(",") if h)
         kw = dict(in_dim=s["in_dim"], hidden=hidden, classes=s["classes"])
         return kw, dict(kw)
+    if name == "transformer":
+        kw = dict(d_model=s["d_model"], heads=s["heads"], layers=s["layers"],
+                  classes=s["classes"])
+        return kw, dict(kw)
     for prefix in ("resnext", "resnet"):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             depth = int(name[len(prefix):])
@@ -146,8 +162,8 @@ def _model_kwargs(s):
             if prefix == "resnext":
                 kw.update(cardinality=s["cardinality"], width=s["width"])
             return dict(kw, depth=depth), dict(kw)
-    raise ValueError(f"unknown model {name!r}: use mlp, resnet18/34/50/101/152 or "
-                     "resnext50/101/152")
+    raise ValueError(f"unknown model {name!r}: use mlp, transformer, resnet18/34/50/101/152 "
+                     "or resnext50/101/152")
 
 
 def build_program(s):
@@ -155,6 +171,13 @@ def build_program(s):
     from . import models
     opt = models.make_optimizer(s["optimizer"], s["lr"])
     kw, _ = _model_kwargs(s)
+    if s["model"] == "transformer":
+        # no builder version: import the seeded twin, its forward returning the loss, so
+        # the feeds keep the builder's names (img, label)
+        from .frontends.torch import from_torch
+        x, y = synthetic_batch(s, 2)
+        return from_torch(load_twins().WithLoss(build_twin(s)), {"img": x, "label": y},
+                          optimizer=opt, random_seed=s["seed"])
     if s["model"] == "mlp":
         return models.build_mlp(optimizer=opt, seed=s["seed"], **kw)
     return models.build_resnet(optimizer=opt, seed=s["seed"], **kw)
@@ -163,7 +186,26 @@ def build_program(s):
 def build_twin(s):
     """The ``torch.nn`` twin of ``build_program(s)``."""
     _, kw = _model_kwargs(s)
+    if s["model"] == "transformer":
+        import torch
+        # torch-only model: its seeded initialisation is the initial weights of every mode
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(s["seed"])
+            return load_twins().build_twin(s["model"], **kw)
     return load_twins().build_twin(s["model"], **kw)
+
+
+def initial_twin(s):
+    """The twin holding the initial weights of every mode.
+
+    For builder models the seeded startup program's, copied by ``load_from_scope``;
+    the transformer's own seeded ones (its program is imported from them).
+    """
+    twin = build_twin(s)
+    if s["model"] != "transformer":
+        main, startup, _ = build_program(s)
+        load_twins().load_from_scope(twin, main, _initial_scope(main, startup))
+    return twin
 
 
 def torch_optimizer(name, params, lr):
@@ -186,7 +228,9 @@ def synthetic_batch(s, n):
     """``n`` seeded samples: (images or features, int64 labels [n, 1])."""
     import torch
     g = torch.Generator().manual_seed(1000 + s["seed"])
-    shape = [s["in_dim"]] if s["model"] == "mlp" else [3, s["image_size"], s["image_size"]]
+    shape = ([s["in_dim"]] if s["model"] == "mlp" else
+             [s["seq_len"], s["d_model"]] if s["model"] == "transformer" else
+             [3, s["image_size"], s["image_size"]])
     x = torch.randn([n, *shape], generator=g)
     y = torch.randint(0, s["classes"], (n, 1), generator=g)
     return x, y
@@ -206,6 +250,15 @@ def _rss_mb():
 def _peak_rss_mb():
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+def _size(s):
+    """The input size for titles: `` 32x32`` (images), `` 2x32 h2 seq 16`` (transformer)."""
+    if s["model"] == "mlp":
+        return ""
+    if s["model"] == "transformer":
+        return f" {s['layers']}x{s['d_model']} h{s['heads']} seq {s['seq_len']}"
+    return f" {s['image_size']}x{s['image_size']}"
 
 
 def _free_port():
@@ -305,9 +358,7 @@ def _from_torch_program(s, x, y):
         raise RuntimeError(f"--from-torch needs ssaexec.frontends.torch.from_torch, which "
                            f"could not be imported: {e}") from e
     from . import models
-    main0, startup0, _ = build_program(s)
-    twin = build_twin(s)
-    load_twins().load_from_scope(twin, main0, _initial_scope(main0, startup0))
+    twin = initial_twin(s)
     b = max(2, s["batch_per_place"])
     main, startup, loss = from_torch(twin, {"x": x[:b], "target": y[:b]},
                                      loss_fn=load_twins().loss_fn,
@@ -321,9 +372,7 @@ class _EagerTrainer(_Trainer):
         s = cfg["settings"]
         self.device = cfg["device"]
         dev = torch.device("cuda", 0) if self.device == "cuda" else torch.device("cpu")
-        main, startup, _ = build_program(s)
-        self.model = build_twin(s)
-        load_twins().load_from_scope(self.model, main, _initial_scope(main, startup))
+        self.model = initial_twin(s)
         self.model.to(dev).train()
         self.opt = torch_optimizer(s["optimizer"], self.model.parameters(), s["lr"])
         x, y = synthetic_batch(s, s["batch_per_place"])
@@ -350,7 +399,7 @@ class _DDPRank:
         import torch.distributed as dist
         s, n = cfg["settings"], cfg["places"]
         self.rank, self.cfg, self.cuda = rank, cfg, cfg["device"] == "cuda"
-        torch.set_num_threads(max(1, _cores() // n))
+        torch.set_num_threads(min(max(1, _cores() // n), s["torch_threads"] or _cores()))
         if self.cuda:
             torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank) if self.cuda else torch.device("cpu")
@@ -359,9 +408,7 @@ class _DDPRank:
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 timeout=datetime.timedelta(seconds=120))
         self.baseline = _rss_mb()
-        main, startup, _ = build_program(s)
-        model = build_twin(s)
-        load_twins().load_from_scope(model, main, _initial_scope(main, startup))
+        model = initial_twin(s)
         model.to(dev).train()
         self.ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rank] if self.cuda else None)
@@ -516,7 +563,7 @@ def _worker_main():
             group = _DDPGroup(cfg, emit)
             warm, baseline, threads = group.warmup, group.baseline, group.threads
         else:
-            torch.set_num_threads(_cores())
+            torch.set_num_threads(cfg["settings"]["torch_threads"] or _cores())
             baseline = _rss_mb()
             trainer = {"seq": _SeqTrainer, "ssaexec": _ParallelTrainer,
                        "torch-eager": _EagerTrainer,
@@ -673,7 +720,9 @@ def add_arguments(ap):
     ap.add_argument("--nproc", type=int, default=None,
                     help="also run ssaexec under torchrun with this many processes (mode "
                          "ssaexec-nproc; places are divided among them)")
-    ap.add_argument("--model", help="mlp, resnet18/34/50/101/152 or resnext50/101/152")
+    ap.add_argument("--model", help="mlp, transformer (imported with from_torch; preset "
+                                    "'transformer' unless one is given), resnet18/34/50/101/152 "
+                                    "or resnext50/101/152")
     ap.add_argument("--image-size", type=int, help="32 (CIFAR stem) or e.g. 224 (ImageNet stem)")
     ap.add_argument("--base", type=int, help="ResNet width of the first stage (64 standard)")
     ap.add_argument("--cardinality", type=int, help="ResNeXt groups (default 32)")
@@ -681,6 +730,10 @@ def add_arguments(ap):
     ap.add_argument("--classes", type=int)
     ap.add_argument("--in-dim", type=int, help="MLP input features")
     ap.add_argument("--hidden", help="MLP hidden sizes, e.g. 128,64")
+    ap.add_argument("--d-model", type=int, help="transformer width (default 32)")
+    ap.add_argument("--heads", type=int, help="transformer attention heads (default 2)")
+    ap.add_argument("--layers", type=int, help="transformer encoder layers (default 2)")
+    ap.add_argument("--seq-len", type=int, help="transformer sequence length (default 16)")
     ap.add_argument("--batch-per-place", "-b", type=int)
     ap.add_argument("--warmup", type=int, help="untimed steps per worker")
     ap.add_argument("--steps", type=int, help="timed steps per window")
@@ -688,6 +741,10 @@ def add_arguments(ap):
     ap.add_argument("--optimizer", choices=["sgd", "momentum", "nesterov", "adam", "adamw"])
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--torch-threads", type=int,
+                    help="torch threads of a one-process mode, at most (default: every core; "
+                         "1 with the transformer preset); several places or DDP processes "
+                         "share the cores")
     ap.add_argument("--places", default=None,
                     help="cpu:N, cuda, cuda:0,1 or N (default: every GPU, else cpu:<cores>)")
     ap.add_argument("--place-counts", default=None,
@@ -712,7 +769,8 @@ def add_arguments(ap):
 
 
 def _settings(args):
-    preset = "quick" if args.quick and args.preset is None else (args.preset or "default")
+    preset = args.preset or ("quick" if args.quick else
+                             "transformer" if args.model == "transformer" else "default")
     s = dict(_DEFAULTS)
     s.update(PRESETS[preset])
     for k in _DEFAULTS:
@@ -872,7 +930,7 @@ def _plot(result, path):
     ax.set_ylabel("images / sec (median, min-max bars)")
     m = result["machine"]
     where = ", ".join(m["gpus"]) if m["gpus"] else f"{m['cores']}-core {m['cpu']}"
-    size = "" if s["model"] == "mlp" else f" {s['image_size']}x{s['image_size']}"
+    size = _size(s)
     ax.set_title(f"{s['model']}{size}, batch {s['batch_per_place']}/place\n{where}",
                  fontsize=10)
     ax.grid(alpha=0.3)
@@ -890,13 +948,14 @@ def run(args):
     configs, device, counts = _plan(args, s)
     interleave = args.interleave if args.interleave is not None else device == "cpu"
     machine = machine_description()
-    tag = args.tag or (s["model"] if s["model"] == "mlp" else f"{s['model']}_{s['image_size']}")
+    tag = args.tag or (s["model"] if s["model"] in ("mlp", "transformer")
+                       else f"{s['model']}_{s['image_size']}")
     out_dir = Path(args.out_dir or "out/bench")
     json_path = Path(args.json) if args.json else out_dir / f"{tag}.json"
     plot_path = None if args.plot == "none" else (Path(args.plot) if args.plot
                                                   else out_dir / f"{tag}.png")
     print(f"ssaexec bench: {s['model']}"
-          + ("" if s["model"] == "mlp" else f" {s['image_size']}x{s['image_size']}")
+          + _size(s)
           + f", batch {s['batch_per_place']}/place, {s['warmup']} warm-up + {s['repeats']} x "
           f"{s['steps']} timed steps, places {counts}, modes "
           f"{sorted({c['mode'] for c in configs}, key=MODES.index)}; "

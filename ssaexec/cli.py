@@ -215,6 +215,7 @@ examples:
   ssaexec bench --quick
   ssaexec bench --model resnet18 --places cpu:2
   ssaexec bench --model resnet50 --image-size 224 --places cuda
+  ssaexec bench --model transformer     # imported with from_torch, 1 torch thread
 """,
 }
 
