@@ -71,7 +71,13 @@ def timed(fn, repeats):
     return times
 
 
-def measure(name, producers, repeats, dask_workers):
+def measure(name, producers, repeats, dask_workers, threads=(1, 4)):
+    """Rows of the table for one graph, and the ``DependencyPlan`` build time (s).
+
+    ``threads``: the ``Scheduler`` sizes to time; ``dask_workers``: dask's
+    ``num_workers`` values (``None`` = its default), empty to leave dask out.
+    ``bench/dispatch_overhead.py`` calls this too.
+    """
     n = len(producers)
     fns = [noop] * n
     order = topo_order(producers)
@@ -85,7 +91,7 @@ def measure(name, producers, repeats, dask_workers):
     t = time.perf_counter()
     plan = DependencyPlan(n, producers, [False] * n)
     plan_build = time.perf_counter() - t
-    for k in (1, 4):
+    for k in threads:
         sched = Scheduler(k, name=f"bench{k}")
         try:
             sched.run(plan, fns)  # starts the pool threads outside the timing
@@ -93,11 +99,13 @@ def measure(name, producers, repeats, dask_workers):
                                                           repeats)))
         finally:
             sched.close()
-    try:
-        import dask
-        import dask.threaded
-    except ImportError:
-        dask = None
+    dask = None
+    if dask_workers:
+        try:
+            import dask
+            import dask.threaded
+        except ImportError:
+            dask = None
     if dask is not None:
         keys = [f"t{i}" for i in range(n)]
         dsk = {keys[i]: (noop, *[keys[p] for p in producers[i]]) for i in range(n)}
