@@ -1,12 +1,14 @@
 """The sequential ``Executor``: runs a program's ops one by one in program order.
 
-It is the reference every parallel result is checked against, so it stays
-simple: no threads, no graph. Per (program version, fetch list) it compiles a
-plan once: the ``OpCall`` of every op and, for each op, the non-persistable
-vars whose last reader it is; those are dropped from the scope right after,
-so peak memory follows the live set as in eager PyTorch. Fetched values are
-returned as CPU tensors detached from the scope (later runs may update
-parameters in place).
+By default it runs the program's one-place SSA graph through the same
+prepared-call lowering as ``ParallelExecutor`` (``runtime.compiled``), in the
+calling thread. ``compiled=False`` keeps the readable reference path, simple
+on purpose: no threads, no graph; per (program version, fetch list) it
+compiles the ``OpCall`` of every op and, for each op, the non-persistable
+vars whose last reader it is, dropped from the scope right after so peak
+memory follows the live set as in eager PyTorch. Tests check that both paths
+give bit-identical results. Fetched values are returned as CPU tensors
+detached from the scope (later runs may update parameters in place).
 """
 
 import weakref
@@ -14,9 +16,13 @@ import weakref
 from .errors import FeedError, SSAExecError
 from .feed import check_feed
 from .program.desc import Program
+from .graph.build import build_ssa_graph
+from .runtime.collective import LocalCollective
+from .runtime.compiled import CompiledRunner
 from .runtime.op_call import OpCall
 from .runtime.place import CPUPlace
-from .runtime.scope import global_scope
+from .runtime.scheduler import Scheduler
+from .runtime.scope import Scope, global_scope
 
 __all__ = ["Executor", "fetch_names"]
 
@@ -53,6 +59,36 @@ class _Plan:
         self.data_read = [v.name for v in program.data_vars() if v.name in read]
 
 
+class _Compiled:
+    """The compiled path: the program's one-place SSA graph lowered by ``CompiledRunner``."""
+
+    __slots__ = ("runner", "in_graph", "data_read", "scheduler")
+
+    def __init__(self, program, fetch, place):
+        block = program.global_block()
+        touched = {n for op in block.ops for n in op.input_names() + op.output_names()}
+        # fetches of names the program never touches are read from the scope afterwards
+        self.in_graph = tuple(n for n in fetch if n in touched)
+        graph = build_ssa_graph(program, [place], fetch_list=list(self.in_graph))
+        graph.lint()
+        self.scheduler = Scheduler(1, name="ssaexec-executor")
+        self.runner = CompiledRunner(graph, [Scope()], LocalCollective(), self.scheduler,
+                                     _contexts(place), "event")
+        read = {n for op in block.ops for n in op.input_names()}
+        self.data_read = [v.name for v in program.data_vars() if v.name in read]
+
+    def run(self, scope):
+        self.runner.bind_scopes([scope])
+        return self.runner.run()
+
+
+def _contexts(place):
+    if not place.is_cuda:
+        return None
+    from .runtime.streams import DeviceContext
+    return [DeviceContext(place)]
+
+
 class Executor:
     """Run programs sequentially on one place.
 
@@ -60,10 +96,15 @@ class Executor:
     ----------
     place : Place, optional
         Where tensors live (default ``CPUPlace(0)``).
+    compiled : bool
+        True (default): run the program's one-place graph lowered to prepared
+        calls (``runtime.compiled``), as ``ParallelExecutor`` does. False: the
+        readable reference path, one ``OpCall`` per op in program order.
     """
 
-    def __init__(self, place=None):
+    def __init__(self, place=None, compiled=True):
         self.place = place or CPUPlace(0)
+        self.compiled = bool(compiled)
         self._plans = {}  # id(program) -> (weakref, version, fetch, plan)
 
     def _plan(self, program, fetch):
@@ -72,7 +113,10 @@ class Executor:
         if entry is not None and entry[0]() is program and entry[1:3] == (program._version,
                                                                            fetch):
             return entry[3]
-        plan = _Plan(program, fetch, self.place.device)
+        if self.compiled:
+            plan = _Compiled(program, fetch, self.place)
+        else:
+            plan = _Plan(program, fetch, self.place.device)
         self._plans = {k: v for k, v in self._plans.items() if v[0]() is not None}
         self._plans[id(program)] = (weakref.ref(program), program._version, fetch, plan)
         return plan
@@ -115,12 +159,20 @@ class Executor:
         device = self.place.device
         for n, t in feeds.items():
             scope.set_var(n, t.to(device, non_blocking=True))
-        for call, free in zip(plan.calls, plan.free_after, strict=True):
-            call.run(scope, self.place)
-            for n in free:
-                scope.erase(n)
+        fetched = {}
+        if self.compiled:
+            fetched = plan.run(scope)
+        else:
+            for call, free in zip(plan.calls, plan.free_after, strict=True):
+                call.run(scope, self.place)
+                for n in free:
+                    scope.erase(n)
         out = []
         for n in fetch:
+            if n in fetched:
+                t = fetched[n][0]
+                out.append(t.numpy() if return_numpy else t)
+                continue
             t = scope.find_var(n)
             if t is None:
                 raise SSAExecError(f"fetch var {n!r} has no value after the run; is it written "

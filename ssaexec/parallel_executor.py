@@ -49,6 +49,7 @@ from .feed import check_feed
 from .graph.build import build_ssa_graph
 from .program.desc import Program
 from .runtime.collective import LocalCollective
+from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
 from .runtime.place import cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
@@ -249,8 +250,9 @@ class ParallelExecutor:
         if runner is None:
             graph = build_ssa_graph(self.program, self.places, self.build_strategy, list(fetch))
             graph.lint()
-            runner = GraphRunner(graph, self.local_scopes, self._collective, self._scheduler,
-                                 self._contexts(), self.exec_strategy.sync)
+            kind = CompiledRunner if self.exec_strategy.compiled else GraphRunner
+            runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
+                          self._contexts(), self.exec_strategy.sync)
             self._runners[fetch] = runner
         return runner
 

@@ -89,11 +89,16 @@ class ExecutionStrategy:
         Reserved for mixed precision on CUDA; not implemented yet (an error).
     torch_threads : int, optional
         torch intra-op threads per place; default: cores // places (at least 1).
+    compiled : bool
+        True (default): lower the graph once to prepared calls, straight-line code
+        per segment (``runtime.compiled``). False: the readable path, one
+        ``OpCall`` per op handle through the scheduler (per-op traces use it).
     """
 
-    __slots__ = ("num_threads", "sync", "amp", "torch_threads")
+    __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled")
 
-    def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None):
+    def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None,
+                 compiled=True):
         if num_threads is not None and num_threads < 1:
             raise SSAExecError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
@@ -104,6 +109,7 @@ class ExecutionStrategy:
             # dtype handling first (see the CUDA issue)
             raise SSAExecError(f"amp={amp!r} is not implemented yet; run in fp32 (amp=None)")
         self.torch_threads = torch_threads
+        self.compiled = bool(compiled)
 
     def __repr__(self):
         return "ExecutionStrategy(" + ", ".join(f"{s}={getattr(self, s)!r}"

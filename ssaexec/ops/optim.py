@@ -66,3 +66,67 @@ def adam(ins, attrs):
     p.sub_(m1 / denom * (lr / (1 - b1p)))
     return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p,
             "Beta2PowOut": b2p}
+
+
+# --- fused updates -------------------------------------------------------------------------
+# All updates of one kind and learning rate on one place as one ``torch._foreach_*`` pass,
+# as torch.optim does with ``foreach=True``. Each step is the same elementwise operation,
+# in the same order, as the per-parameter kernel above, so results are bit-identical
+# (tests/test_hot_path.py checks it). ``cols`` maps each input slot but LearningRate to
+# the list of that slot's tensors, one per op.
+
+def _decayed_all(grads, params, wd):
+    return torch._foreach_add(grads, params, alpha=wd) if wd else grads
+
+
+def _times_lr(tensors, lr):
+    return torch._foreach_mul(tensors, [lr] * len(tensors))
+
+
+def sgd_foreach(cols, lr, attrs):
+    """Fused ``sgd`` over every (Param, Grad) of ``cols``."""
+    ps = cols["Param"]
+    gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
+    torch._foreach_sub_(ps, _times_lr(gs, lr))
+
+
+def momentum_foreach(cols, lr, attrs):
+    """Fused ``momentum`` (Nesterov too)."""
+    ps, vs, mu = cols["Param"], cols["Velocity"], attrs["mu"]
+    gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
+    torch._foreach_mul_(vs, mu)
+    torch._foreach_add_(vs, gs)
+    steps = torch._foreach_add(gs, vs, alpha=mu) if attrs["use_nesterov"] else vs
+    torch._foreach_sub_(ps, _times_lr(steps, lr))
+
+
+def adam_foreach(cols, lr, attrs):
+    """Fused ``adam`` / AdamW."""
+    ps, m1s, m2s = cols["Param"], cols["Moment1"], cols["Moment2"]
+    b1ps, b2ps = cols["Beta1Pow"], cols["Beta2Pow"]
+    b1, b2, wd = attrs["beta1"], attrs["beta2"], attrs["weight_decay"]
+    gs = cols["Grad"]
+    if attrs["decoupled"]:
+        if wd:
+            factor = 1 - lr * wd
+            torch._foreach_mul_(ps, [factor] * len(ps))
+    else:
+        gs = _decayed_all(gs, ps, wd)
+    torch._foreach_mul_(b1ps, b1)
+    torch._foreach_mul_(b2ps, b2)
+    torch._foreach_mul_(m1s, b1)
+    torch._foreach_add_(m1s, gs, alpha=1 - b1)
+    torch._foreach_mul_(m2s, b2)
+    torch._foreach_addcmul_(m2s, gs, gs, value=1 - b2)
+    # 1 - x is exactly (-x) + 1 in IEEE arithmetic
+    bc2 = torch._foreach_neg(b2ps)
+    torch._foreach_add_(bc2, 1)
+    denom = torch._foreach_div(torch._foreach_sqrt(m2s), torch._foreach_sqrt(bc2))
+    torch._foreach_add_(denom, attrs["epsilon"])
+    bc1 = torch._foreach_neg(b1ps)
+    torch._foreach_add_(bc1, 1)
+    step_size = torch._foreach_div([lr] * len(ps), bc1)
+    torch._foreach_sub_(ps, torch._foreach_mul(torch._foreach_div(m1s, denom), step_size))
+
+
+FUSED = {"sgd": sgd_foreach, "momentum": momentum_foreach, "adam": adam_foreach}

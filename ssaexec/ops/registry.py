@@ -102,7 +102,7 @@ class OpDef:
 
     __slots__ = ("type", "inputs", "outputs", "attrs", "kernel", "infer", "grad", "grad_uses",
                  "inplace", "is_grad", "forward_type", "wants_mask", "is_random", "is_control",
-                 "doc")
+                 "doc", "may_alias", "raw_kernel", "overload")
 
     def __init__(self, type, inputs, outputs, attrs, kernel, infer=None, grad="auto",
                  inplace=False, is_random=False, doc=""):
@@ -122,6 +122,12 @@ class OpDef:
         # control ops (sub-blocks) take (ins, attrs, ctx); ctx.run_block runs a block
         self.is_control = False
         self.doc = doc
+        # may a result share storage with an input? Then ``raw_kernel`` is the kernel
+        # without its run-time copy, for executors that decide aliasing on the graph
+        # (graph.aliasing); ``kernel`` itself always returns fresh tensors.
+        self.may_alias = False
+        self.raw_kernel = kernel
+        self.overload = None  # the torch OpOverload of an ATen op
 
     def input_slot(self, name):
         for s in self.inputs:
@@ -224,7 +230,7 @@ def _grad_infer(in_specs, attrs, op_def):
 def _register_auto_grad(fwd):
     uses = [s.name for s in fwd.inputs]
 
-    def vjp_kernel(ins, attrs, wanted):
+    def vjp_kernel(ins, attrs, wanted, fresh=True):
         diff = []  # (slot, index) of every float input that some consumer wants
         for s in fwd.inputs:
             if s.no_grad:
@@ -272,7 +278,8 @@ def _register_auto_grad(fwd):
             k += count
         grads = vjp_fn(tuple(c.to(o.dtype) if c.dtype != o.dtype else c
                              for c, o in zip(cot, outs, strict=True)))
-        grads = _unaliased(grads, ins)
+        if fresh:
+            grads = _unaliased(grads, ins)
         result = {}
         for (n, i), g in zip(diff, grads, strict=True):
             key = n + "@GRAD"
@@ -283,7 +290,13 @@ def _register_auto_grad(fwd):
                 result[key] = g
         return result
 
-    _REGISTRY[fwd.type + "_grad"] = _make_grad_def(fwd, vjp_kernel, uses)
+    def vjp_raw(ins, attrs, wanted):
+        # vjp hands back the cotangent (or a view of it) for linear ops: may alias
+        return vjp_kernel(ins, attrs, wanted, False)
+
+    gdef = _REGISTRY[fwd.type + "_grad"] = _make_grad_def(fwd, vjp_kernel, uses)
+    gdef.may_alias = True
+    gdef.raw_kernel = vjp_raw
     fwd.grad_uses = uses
 
 

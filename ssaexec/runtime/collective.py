@@ -22,6 +22,8 @@ class LocalCollective:
     """In-process all-reduce, reduce and broadcast over a list of per-place tensors."""
 
     __slots__ = ()
+    # one place in one process: every collective is a no-op the compiled runner skips
+    local_only = True
 
     def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""

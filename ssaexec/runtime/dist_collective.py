@@ -73,6 +73,7 @@ class ProcessGroupCollective(LocalCollective):
     """
 
     __slots__ = ("group", "rank", "world_size", "backend", "debug", "steps", "timeout")
+    local_only = False  # other processes take part even with one local place
 
     def __init__(self, group=None, debug=False, timeout=None):
         if not dist.is_available() or not dist.is_initialized():

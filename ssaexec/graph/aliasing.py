@@ -1,0 +1,201 @@
+"""Aliasing decided on the graph: which results may share storage, and who must wait.
+
+Kernels of ATen view ops (``aten.t``, ``aten.view``, ``aten.expand`` ...) and
+the generic vjp grads return tensors that may share storage with an input;
+optimizer ops and collectives then update tensors in place. The executor used
+to copy every aliasing result at run time. This pass decides on the graph
+instead, the way functionalization reasons about views:
+
+* **Alias classes.** Var versions are joined when an op's result may alias
+  one of its inputs (``OpDef.may_alias``) or when an op rewrites a version in
+  place (an ``inplace`` op's output of the same name, a collective's output).
+* **In-place writers.** For every version ``v`` that a handle ``W`` rewrites
+  in place, every other member of ``v``'s class that exists before ``W``
+  (is not downstream of it) is read by handles that must run before ``W``:
+  the pass adds a dummy edge (reason ``alias``) from each such reader to
+  ``W``, unless the reader is downstream of ``W``. Then the readers would see
+  the new value, so instead every may-alias result of the class is copied
+  when it is made (``AliasPlan.copy``).
+* **Results that outlive the step** (the final version of a persistable made
+  by a may-alias op) are always copied: a later step may rewrite their base.
+
+Invariant after the pass: no handle reads storage that an in-place writer
+changed after the version it reads was made. Most graphs need no copy at all:
+views of parameters are read by forward and backward, which run before the
+optimizer anyway; the added edges only make that order explicit for the
+scheduler.
+"""
+
+from ..ops.registry import get_op_def
+
+__all__ = ["AliasPlan", "plan_aliasing", "inplace_pairs"]
+
+
+class AliasPlan:
+    """The result of ``plan_aliasing``: versions to copy and edges added."""
+
+    __slots__ = ("copy", "edges", "classes")
+
+    def __init__(self, copy, edges, classes):
+        self.copy = copy        # set of VarHandle ids whose value must be a fresh copy
+        self.edges = edges      # number of alias edges added to the graph
+        self.classes = classes  # number of alias classes with more than one member
+
+    def __repr__(self):
+        return f"AliasPlan(copy={len(self.copy)}, edges={self.edges}, classes={self.classes})"
+
+
+def _may_alias(op):
+    """Whether compute handle ``op``'s results may share storage with its inputs."""
+    if op.kind != "compute":
+        return False
+    op_def = get_op_def(op.op.type)
+    return bool(getattr(op_def, "may_alias", False))
+
+
+def inplace_pairs(op):
+    """``(input version, output version)`` pairs that ``op`` rewrites in place."""
+    if op.kind in ("all_reduce", "reduce", "broadcast"):
+        ins = {(v.place_idx, v.name): v for v in op.inputs if not v.is_dummy}
+        return [(ins[(v.place_idx, v.name)], v) for v in op.outputs
+                if not v.is_dummy and (v.place_idx, v.name) in ins]
+    if op.kind != "compute" or not get_op_def(op.op.type).inplace:
+        return []
+    ins = {v.name: v for v in op.inputs if not v.is_dummy}
+    return [(ins[v.name], v) for v in op.outputs if not v.is_dummy and v.name in ins]
+
+
+class _Union:
+    __slots__ = ("parent",)
+
+    def __init__(self):
+        self.parent = {}
+
+    def find(self, x):
+        p = self.parent.get(x, x)
+        if p == x:
+            return x
+        root = self.find(p)
+        self.parent[x] = root
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+def plan_aliasing(graph):
+    """Add the alias edges to ``graph`` and return the ``AliasPlan`` (see the module doc)."""
+    block = graph.program.global_block()
+    uf = _Union()
+    handles = {}  # id(VarHandle) -> VarHandle
+    linked = set()  # ids of versions made by a may-alias op
+    writers = []
+    for op in graph.ops:
+        if _may_alias(op):
+            ins = [v for v in op.inputs if not v.is_dummy]
+            for o in op.outputs:
+                if o.is_dummy:
+                    continue
+                handles[id(o)] = o
+                linked.add(id(o))
+                for i in ins:
+                    handles[id(i)] = i
+                    uf.union(id(o), id(i))
+        pairs = inplace_pairs(op)
+        if pairs:
+            writers.append((op, pairs))
+            for i, o in pairs:
+                handles[id(i)], handles[id(o)] = i, o
+                uf.union(id(i), id(o))
+    members = {}
+    for k in handles:
+        members.setdefault(uf.find(k), []).append(handles[k])
+    classes = {r: m for r, m in members.items() if len(m) > 1}
+
+    copy = set()
+    # results that outlive the step must not share storage with anything
+    for k in linked:
+        v = handles[k]
+        var = block.find_var(v.name)
+        versions = graph.vars[v.place_idx].get(v.name)
+        if var is not None and var.persistable and versions and versions[-1] is v:
+            copy.add(k)
+
+    order = _Order(graph)
+    edges = 0
+    poisoned = set()  # class roots whose may-alias results are all copied
+    for w, pairs in writers:
+        for vin, _ in pairs:
+            root = uf.find(id(vin))
+            if root not in classes or root in poisoned:
+                continue
+            if not any(id(m) in linked for m in classes[root]):
+                continue  # only in-place chains, no views: the graph's own edges suffice
+            readers, conflict = [], False
+            for m in classes[root]:
+                if m is vin or m.generated_op is w:
+                    continue
+                if m.generated_op is not None and order.downstream(w, m.generated_op):
+                    continue  # made from the new value: it may see it
+                for r in m.pending_ops:
+                    if r is w:
+                        continue
+                    if order.downstream(w, r):
+                        conflict = True
+                        break
+                    readers.append(r)
+                if conflict:
+                    break
+            if conflict:
+                poisoned.add(root)
+                continue
+            for r in readers:
+                if graph.depend(r, w, "alias") is not None:
+                    edges += 1
+                    order.added(r, w)
+    for root in poisoned:
+        copy.update(id(m) for m in classes[root] if id(m) in linked)
+    return AliasPlan(copy, edges, len(classes))
+
+
+class _Order:
+    """Reachability queries on a graph that only gains edges consistent with it."""
+
+    __slots__ = ("graph", "pos", "stale")
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.pos = None
+        self.stale = True
+
+    def _refresh(self):
+        self.pos = {op.id: k for k, op in enumerate(self.graph.topological_order())}
+        self.stale = False
+
+    def downstream(self, a, b):
+        """Whether ``b`` is reachable from ``a`` (``b`` runs after ``a`` in every schedule)."""
+        if a is b:
+            return True
+        if self.stale:
+            self._refresh()
+        pos = self.pos
+        if pos[b.id] < pos[a.id]:
+            return False  # a topological order puts b first: no path a -> b
+        target, limit = b, pos[b.id]
+        seen, stack = {a.id}, [a]
+        while stack:
+            op = stack.pop()
+            for out in op.outputs:
+                for nxt in out.pending_ops:
+                    if nxt is target:
+                        return True
+                    if nxt.id not in seen and pos[nxt.id] < limit:
+                        seen.add(nxt.id)
+                        stack.append(nxt)
+        return False
+
+    def added(self, before, after):
+        if not self.stale and self.pos[before.id] > self.pos[after.id]:
+            self.stale = True

@@ -1,0 +1,525 @@
+"""Prepared calls: a run of op handles on one place lowered to straight-line Python.
+
+This is the hot path. A ``Segment`` (a run of computation handles of one place
+with no collective in between, see ``runtime.compiled``) becomes one generated
+function ``segment(D, L)`` whose body calls every kernel directly, the way
+torch.fx's code generator writes a ``GraphModule``:
+
+* values are Python locals, one per var version (SSA), loaded from the scope
+  with ``L(name)`` (``Scope.find_var``) on first use and stored into the scope
+  dict ``D`` only when some other node reads them, when they are the final value
+  of a persistable, or when they are fetched; ``del`` drops a local after its
+  last reader in the segment, so memory follows the live set;
+* an ATen op calls its ``OpOverload`` with its arguments already decoded
+  (constants bound once as globals of the generated module, tensor arguments as
+  locals, size expressions evaluated from input shapes); a hand-written op calls
+  its kernel with a dict literal of its slots; no name look-ups, dict building
+  from names, or type dispatch happen per op;
+* results that may alias an input are copied only where ``graph.aliasing``
+  decided they must be (``copy``), and such copies are counted;
+* optimizer ops of one kind and learning rate run as one ``torch._foreach_*``
+  call (``ops.optim.FUSED``) at the place of the last of them, when no handle in
+  between touches what they update.
+
+Errors. The generated code has one line per load and per op; when anything
+raises, ``Lowered.error`` maps the traceback's line in the generated frame back
+to the handle and builds the same ``OpError`` the readable ``OpCall`` path
+gives (op, index, place, input shapes from the frame's locals). A kernel that
+returns something without the expected slot, or None for a needed result, is
+an ``OpError`` naming the slot.
+"""
+
+import linecache
+import itertools
+
+import torch
+
+from ..errors import OpError, SSAExecError
+from ..ops import aten as _aten
+from ..ops.optim import FUSED
+from ..ops.registry import get_op_def
+from ..program.desc import EMPTY_VAR, torch_dtype
+from .op_call import BlockContext, OpCall
+
+__all__ = ["Lowered", "lower_segment", "CloneCounter"]
+
+_IDS = itertools.count()
+
+
+class CloneCounter:
+    """Counts the copies made for aliasing (``ssaexec stats`` reports them per step)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+
+def _fresh(counter):
+    def fresh(t, inputs):
+        # a may-alias result the alias plan must copy: only when it does share storage
+        if not isinstance(t, torch.Tensor) or not t.numel():
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.numel() and \
+                    x.untyped_storage().data_ptr() == ptr:
+                counter.count += 1
+                return t.clone(memory_format=torch.contiguous_format)
+        return t
+    return fresh
+
+
+class _Unbound(Exception):
+    """A kernel result lacks a slot the program reads (raised by generated code)."""
+
+    def __init__(self, slot, what):
+        super().__init__(slot, what)
+        self.slot, self.what = slot, what
+
+
+def _flat(out):
+    flat = []
+    for o in out if isinstance(out, (tuple, list)) else (out,):
+        if isinstance(o, (tuple, list)):
+            flat.extend(o)
+        else:
+            flat.append(o)
+    return flat
+
+
+class Lowered:
+    """A generated segment function and what it needs to explain its errors."""
+
+    __slots__ = ("fn", "code", "lines", "source", "place", "handles", "n_ops", "input_locals")
+
+    def __init__(self, fn, source, lines, place, handles, n_ops, input_locals):
+        self.fn = fn
+        self.code = fn.__code__
+        self.source = source
+        self.lines = lines    # line number -> (handle, what): what is "op" or a var name
+        self.place = place
+        self.handles = handles
+        self.n_ops = n_ops
+        self.input_locals = input_locals  # id(handle) -> {var name: local name}
+
+    def error(self, exc):
+        """The ``OpError`` for ``exc`` raised while this segment ran (or ``exc`` itself)."""
+        if isinstance(exc, SSAExecError):
+            return exc
+        tb, frame_tb, inner = exc.__traceback__, None, None
+        while tb is not None:
+            if tb.tb_frame.f_code is self.code:
+                frame_tb = tb
+            inner = tb
+            tb = tb.tb_next
+        if frame_tb is None:
+            return exc
+        handle, what = self.lines.get(frame_tb.tb_lineno, (None, None))
+        if handle is None:
+            return exc
+        place = self.place
+        op = handle.op if handle.kind == "compute" else None
+        label = (f"op #{handle.op_index} '{op.type}'" if op is not None else handle.name)
+        op_type = op.type if op is not None else handle.kind
+        if what != "op":
+            return OpError(f"While executing {label} on {place}: input var {what!r} has no "
+                           "value (not fed, not initialised by the startup program, or freed)",
+                           op_type, place)
+        local = frame_tb.tb_frame.f_locals
+        shapes = {}
+        if op is not None:
+            names = self.input_locals.get(id(handle), {})
+            for slot, vals in op.inputs.items():
+                got = [local.get(names.get(n)) for n in vals]
+                shapes[slot] = [list(t.shape) if isinstance(t, torch.Tensor) else None
+                                for t in got]
+                od = get_op_def(op.type)
+                s = od.input_slot(slot)
+                if s is not None and not s.duplicable and len(shapes[slot]) == 1:
+                    shapes[slot] = shapes[slot][0]
+        if isinstance(exc, _Unbound):
+            return OpError(f"While executing {label} on {place}: the kernel {exc.what} for "
+                           f"output slot {exc.slot!r}", op_type, place, shapes)
+        if inner is frame_tb and isinstance(exc, (KeyError, TypeError, IndexError)):
+            # raised by the generated binding code itself: the kernel broke its contract
+            return OpError(f"While executing {label} on {place}: the kernel returned "
+                           f"{exc.__class__.__name__}: {exc} instead of its output slots "
+                           f"(a dict of slot -> tensor)", op_type, place, shapes)
+        return OpError(f"While executing {label} on {place} with input shapes {shapes}: "
+                       f"{type(exc).__name__}: {exc}", op_type, place, shapes)
+
+
+class _Emitter:
+    """Builds one segment's source: lines, constants and the line -> handle map."""
+
+    def __init__(self, place, scope_of, counter, program):
+        self.place = place
+        self.device = place.device
+        self.scope_of = scope_of
+        self.program = program
+        self.ns = {"_full": torch.full, "_Unbound": _Unbound, "_flat": _flat,
+                   "_fresh": _fresh(counter)}
+        self.body = []
+        self.lines = {}
+        self.local = {}      # id(VarHandle) -> local name
+        self.n_const = 0
+
+    def const(self, value, hint="c"):
+        name = f"_{hint}{self.n_const}"
+        self.n_const += 1
+        self.ns[name] = value
+        return name
+
+    def emit(self, text, handle=None, what="op"):
+        self.body.append("    " + text)
+        if handle is not None:
+            self.lines[len(self.body) + 1] = (handle, what)  # +1: the def line
+
+    def name_of(self, v):
+        n = self.local.get(id(v))
+        if n is None:
+            n = self.local[id(v)] = f"v{len(self.local)}"
+        return n
+
+
+def _literal(value, em):
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if type(value) is int:
+        return repr(value)
+    return em.const(value)
+
+
+def _aten_expr(em, handle, xs, attrs):
+    """``overload(args...)`` source for an ATen op with inputs ``xs`` (local names)."""
+    op_def = get_op_def(handle.op.type)
+    overload = op_def.overload
+    compiled = _aten._Compiled(handle.op.type, _aten.arg_kinds(overload), attrs)  # validates
+    env = None
+    if compiled.binds:
+        env = "{" + ", ".join(f"{s!r}: {xs[k]}.shape[{d}]" for s, k, d in compiled.binds) + "}"
+
+    def value(kind, v):
+        if isinstance(v, list):
+            return "[" + ", ".join(value(kind, x) for x in v) + "]"
+        if _aten._is_ref(v):
+            return xs[int(v[2:-1])]
+        if isinstance(v, str):
+            fn, _ = _aten.parse_size_expr(v)
+            return f"{em.const(fn, 'sz')}(_env)"
+        return _literal(v, em)
+
+    args, kwargs = [], []
+    for name, kind, kwarg_only in _aten.arg_kinds(overload):
+        v = attrs.get(name, _aten._OMIT)
+        if v is _aten._OMIT:
+            continue
+        if kind == "device":
+            src = f"{xs[0]}.device" if xs else "None"
+        elif kind == "dtype":
+            src = "None" if v is None else em.const(torch_dtype(v), "dt")
+        elif kind in ("layout", "memory_format"):
+            table = _aten._LAYOUTS if kind == "layout" else _aten._MEMORY_FORMATS
+            src = "None" if v is None else em.const(table[v], "mf")
+        elif kind == "generator" or kind.startswith("unsupported:"):
+            src = "None"
+        elif kind == "literal":
+            src = _literal(v, em) if not isinstance(v, list) else em.const(v)
+        else:
+            src = value(kind, v)
+        (kwargs if kwarg_only else args).append(f"{name}={src}" if kwarg_only else src)
+    call = f"{em.const(overload, 'ov')}({', '.join(args + kwargs)})"
+    return call, env
+
+
+def lower_segment(handles, place, scope_of, plan, counter, program, label):
+    """Generate the function of one segment.
+
+    Parameters
+    ----------
+    handles : list of op handles
+        Computation and loss-scaling handles of one place, and no-op collectives
+        (one place, one process) that only rename a version, in run order.
+    place : Place
+    scope_of : callable
+        Returns the place's current scope (control ops run sub-blocks against it);
+        the generated function itself gets the scope's dict and ``find_var``.
+    plan : object
+        ``export`` (ids of versions to store), ``copy`` (ids of versions to copy
+        when made), ``needed`` (ids of versions some handle or the step reads).
+    counter : CloneCounter
+    program : Program
+    label : str
+        Name of the generated code (shows in tracebacks).
+
+    Returns
+    -------
+    Lowered
+    """
+    em = _Emitter(place, scope_of, counter, program)
+    # last local use of every version, to drop it early
+    last_use = {}
+    for k, h in enumerate(handles):
+        for v in h.inputs:
+            if not v.is_dummy:
+                last_use[id(v)] = k
+    fused_at, fused_skip = _plan_fusion(handles)
+    n_ops = 0
+    for k, h in enumerate(handles):
+        if k in fused_skip:
+            continue
+        if k in fused_at:
+            group = fused_at[k]
+            _emit_fused(em, group, plan)
+            n_ops += 1
+        else:
+            n_ops += _emit_handle(em, h, plan)
+        keep = _aliased_names(em, h)
+        dead = [em.local[id(v)] for v in h.inputs
+                if not v.is_dummy and last_use.get(id(v)) == k and id(v) in em.local]
+        dead = [d for d in dict.fromkeys(dead) if d not in keep]
+        if dead:
+            em.emit("del " + ", ".join(dead))
+    if not em.body:
+        em.emit("pass")
+    name = f"segment_{next(_IDS)}"
+    source = f"def {name}(D, L):\n" + "\n".join(em.body) + "\n"
+    filename = f"<ssaexec {label}>"
+    code = compile(source, filename, "exec")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(code, em.ns)
+    fn = em.ns[name]
+    input_locals = {id(h): {v.name: em.local[id(v)] for v in h.inputs
+                            if not v.is_dummy and id(v) in em.local} for h in handles}
+    return Lowered(fn, source, em.lines, place, handles, n_ops, input_locals)
+
+
+def _aliased_names(em, h):
+    # a no-op collective output shares its input's local: do not drop it
+    return {em.local[id(o)] for o in h.outputs if not o.is_dummy and id(o) in em.local}
+
+
+def _load(em, v, h):
+    """The local holding version ``v``, loading it from the scope on first use."""
+    n = em.local.get(id(v))
+    if n is None:
+        n = em.name_of(v)
+        em.emit(f"{n} = L({v.name!r})", h, v.name)
+        em.emit(f"if {n} is None: raise KeyError({v.name!r})", h, v.name)
+    return n
+
+
+def _bind(em, v, src_name, plan, h, check_none=False, inputs=None):
+    """Bind output version ``v`` (local ``src_name`` already holds it); copy/store as planned."""
+    n = em.name_of(v)
+    if src_name != n:
+        em.emit(f"{n} = {src_name}", h)
+    if check_none:
+        em.emit(f"if {n} is None: raise _Unbound({v.name!r}, 'returned None')", h)
+    if id(v) in plan.copy and inputs:
+        em.emit(f"{n} = _fresh({n}, ({', '.join(inputs)},))", h)
+    if id(v) in plan.export:
+        em.emit(f"D[{v.name!r}] = {n}", h)
+    return n
+
+
+def _emit_handle(em, h, plan):
+    kind = h.kind
+    if kind == "scale_loss_grad":
+        (out,) = [v for v in h.outputs if not v.is_dummy]
+        shape = em.const(list(h.shape), "sh")
+        dt = em.const(torch_dtype(h.dtype), "dt")
+        dev = em.const(em.device, "dev")
+        n = em.name_of(out)
+        em.emit(f"{n} = _full({shape}, {h.coeff!r}, dtype={dt}, device={dev})", h)
+        if id(out) in plan.export:
+            em.emit(f"D[{out.name!r}] = {n}", h)
+        return 1
+    if kind != "compute":
+        # a collective with nothing to do (one place, one process): the new version is the
+        # same tensor as the old one
+        ins = {(v.place_idx, v.name): v for v in h.inputs if not v.is_dummy}
+        for o in h.outputs:
+            if o.is_dummy:
+                continue
+            src = ins[(o.place_idx, o.name)]
+            if id(o) in plan.needed or id(o) in plan.export:
+                em.local[id(o)] = _load(em, src, h)
+                if id(o) in plan.export and id(src) not in plan.export:
+                    em.emit(f"D[{o.name!r}] = {em.local[id(o)]}", h)
+        return 0
+    op = h.op
+    od = get_op_def(op.type)
+    by_name = {v.name: v for v in h.inputs if not v.is_dummy}
+    outs_by_name = {v.name: v for v in h.outputs if not v.is_dummy}
+    needed = [v for v in h.outputs if not v.is_dummy
+              and (id(v) in plan.needed or id(v) in plan.export)]
+    attrs = od.full_attrs(op.attrs)
+    if od.is_control:
+        return _emit_control(em, h, od, attrs, by_name, outs_by_name, plan)
+    if od.overload is not None:
+        xs_names = op.input("X")
+        xs = [_load(em, by_name[n], h) for n in xs_names]
+        call, env = _aten_expr(em, h, xs, attrs)
+        if env is not None:
+            em.emit(f"_env = {env}", h)
+        returns = od.overload._schema.returns
+        outs = op.output("Out")
+        single = len(returns) == 1 and str(returns[0].type) == "Tensor"
+        wanted = [(j, outs_by_name[n]) for j, n in enumerate(outs)
+                  if n != EMPTY_VAR and n in outs_by_name and outs_by_name[n] in needed]
+        if single:
+            if wanted:
+                n = em.name_of(wanted[0][1])
+                em.emit(f"{n} = {call}", h)
+                _bind(em, wanted[0][1], n, plan, h, inputs=xs)
+            else:
+                em.emit(call, h)
+            return 1
+        plain = all(str(r.type) == "Tensor" for r in returns)
+        em.emit(f"_r = {call}" if plain else f"_r = _flat({call})", h)
+        for j, v in wanted:
+            _bind(em, v, f"_r[{j}]", plan, h, inputs=xs)
+        return 1
+    # a hand-written op: its kernel takes a dict of slots
+    parts = []
+    for s in od.inputs:
+        if s.name not in op.inputs:
+            continue
+        names = op.input(s.name)
+        if s.duplicable:
+            parts.append(f"{s.name!r}: [{', '.join(_load(em, by_name[n], h) for n in names)}]")
+        else:
+            parts.append(f"{s.name!r}: {_load(em, by_name[names[0]], h)}")
+    ins_src = "{" + ", ".join(parts) + "}"
+    kernel = od.raw_kernel if od.may_alias else od.kernel
+    k = em.const(kernel, "k")
+    a = em.const(attrs, "a")
+    inputs = [em.local[id(by_name[n])] for n in op.input_names() if n in by_name
+              and id(by_name[n]) in em.local]
+    if od.wants_mask:
+        wanted = {s.name: [n != EMPTY_VAR for n in op.output(s.name)] for s in od.outputs
+                  if s.name in op.outputs}
+        em.emit(f"_o = {k}({ins_src}, {a}, {em.const(wanted, 'w')})", h)
+    else:
+        em.emit(f"_o = {k}({ins_src}, {a})", h)
+    creates = not any(op.input(s.name) for s in od.inputs if s.name in op.inputs)
+    move = creates and em.device.type != "cpu"
+    dev = em.const(em.device, "dev") if move else None
+    for s in od.outputs:
+        if s.name not in op.outputs:
+            continue
+        names = op.output(s.name)
+        for j, name in enumerate(names):
+            if name == EMPTY_VAR or name not in outs_by_name:
+                continue
+            v = outs_by_name[name]
+            if v not in needed:
+                continue
+            src = f"_o[{s.name!r}][{j}]" if s.duplicable else f"_o[{s.name!r}]"
+            if move:
+                src = f"{src}.to({dev})"
+            _bind(em, v, src, plan, h, check_none=True, inputs=inputs)
+    return 1
+
+
+def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
+    # sub-blocks read outer names through the scope: store every input first
+    for v in by_name.values():
+        n = _load(em, v, h)
+        em.emit(f"D[{v.name!r}] = {n}", h)
+    op = h.op
+    call = OpCall(op, h.op_index, em.program, em.device)
+    scope_of, place = em.scope_of, em.place
+    ctx = BlockContext(op, lambda idx, env: call._run_block(idx, env, scope_of(), place))
+    parts = []
+    for s in od.inputs:
+        if s.name not in op.inputs:
+            continue
+        names = op.input(s.name)
+        if s.duplicable:
+            parts.append(f"{s.name!r}: [{', '.join(em.local[id(by_name[n])] for n in names)}]")
+        else:
+            parts.append(f"{s.name!r}: {em.local[id(by_name[names[0]])]}")
+    em.emit(f"_o = {em.const(od.kernel, 'k')}({{{', '.join(parts)}}}, {em.const(attrs, 'a')}, "
+            f"{em.const(ctx, 'ctx')})", h)
+    for s in od.outputs:
+        if s.name not in op.outputs:
+            continue
+        for j, name in enumerate(op.output(s.name)):
+            v = outs_by_name.get(name)
+            if name == EMPTY_VAR or v is None:
+                continue
+            src = f"_o[{s.name!r}][{j}]" if s.duplicable else f"_o[{s.name!r}]"
+            _bind(em, v, src, plan, h, check_none=True)
+    return 1
+
+
+# --- fused optimizer updates ---------------------------------------------------------------
+def _fusable(h):
+    if h.kind != "compute" or h.op.type not in FUSED:
+        return None
+    od = get_op_def(h.op.type)
+    attrs = od.full_attrs(h.op.attrs)
+    lr = [v for v in h.inputs if not v.is_dummy and v.name in h.op.input("LearningRate")]
+    if len(lr) != 1:
+        return None
+    try:
+        key = (h.op.type, tuple(sorted(attrs.items())), id(lr[0]))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan_fusion(handles):
+    groups = {}
+    for k, h in enumerate(handles):
+        key = _fusable(h)
+        if key is not None:
+            groups.setdefault(key, []).append(k)
+    fused_at, skip = {}, set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        touched = set()
+        for k in members:
+            touched.update(v.name for v in handles[k].outputs if not v.is_dummy)
+        lo, hi = members[0], members[-1]
+        mset = set(members)
+        ok = all(not ({v.name for v in handles[k].inputs + handles[k].outputs
+                       if not v.is_dummy} & touched)
+                 for k in range(lo, hi + 1) if k not in mset)
+        if not ok:
+            continue
+        fused_at[hi] = [handles[k] for k in members]
+        skip.update(members[:-1])
+    return fused_at, skip
+
+
+def _emit_fused(em, group, plan):
+    h0 = group[-1]
+    op_type = h0.op.type
+    od = get_op_def(op_type)
+    attrs = od.full_attrs(h0.op.attrs)
+    slots = [s.name for s in od.inputs]
+    cols = {s: [] for s in slots}
+    for h in group:
+        by_name = {v.name: v for v in h.inputs if not v.is_dummy}
+        for s in slots:
+            names = h.op.input(s)
+            cols[s].append(_load(em, by_name[names[0]], h) if names else "None")
+    lr = cols.pop("LearningRate")[0]
+    args = ", ".join(f"{s!r}: [{', '.join(v)}]" for s, v in cols.items())
+    em.emit(f"{em.const(FUSED[op_type], 'fz')}({{{args}}}, {lr}, {em.const(attrs, 'a')})",
+            h0)
+    for h in group:
+        by_name = {v.name: v for v in h.inputs if not v.is_dummy}
+        for v in h.outputs:
+            if v.is_dummy:
+                continue
+            src = em.local[id(by_name[v.name])]  # updated in place
+            em.local[id(v)] = src
+            if id(v) in plan.export:
+                em.emit(f"D[{v.name!r}] = {src}", h)
