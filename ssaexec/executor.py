@@ -73,7 +73,7 @@ class _Compiled:
         graph.lint()
         self.scheduler = Scheduler(1, name="ssaexec-executor")
         self.runner = CompiledRunner(graph, [Scope()], LocalCollective(), self.scheduler,
-                                     _contexts(place), "event")
+                                     _contexts(place), "event", keep_fetched=True)
         read = {n for op in block.ops for n in op.input_names()}
         self.data_read = [v.name for v in program.data_vars() if v.name in read]
 

@@ -307,6 +307,9 @@ def unaliased(outs, inputs):
     var, and an in-place update of one (an in-place all-reduce of a gradient)
     must not change another. vjp hands back the cotangent itself, or a view of
     it, for linear ops; ATen view ops alias their input. Meta tensors are skipped.
+    A copy keeps the view's strides (``preserve_format``), so the kernels that
+    read it take the same code path as on the view itself: the compiled path,
+    which copies nothing it can prove safe, then gives bit-identical results.
     """
     taken = set()
     for t in inputs:
@@ -317,7 +320,7 @@ def unaliased(outs, inputs):
         if isinstance(o, torch.Tensor) and o.numel() and o.device.type != "meta":
             ptr = o.untyped_storage().data_ptr()
             if ptr in taken:
-                o = o.clone(memory_format=torch.contiguous_format)
+                o = o.clone(memory_format=torch.preserve_format)
                 ptr = o.untyped_storage().data_ptr()
             taken.add(ptr)
         fresh.append(o)

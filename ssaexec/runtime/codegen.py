@@ -65,7 +65,7 @@ def _fresh(counter):
             if isinstance(x, torch.Tensor) and x.numel() and \
                     x.untyped_storage().data_ptr() == ptr:
                 counter.count += 1
-                return t.clone(memory_format=torch.contiguous_format)
+                return t.clone(memory_format=torch.preserve_format)
         return t
     return fresh
 

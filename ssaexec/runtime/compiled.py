@@ -189,9 +189,12 @@ class CompiledRunner(GraphRunner):
     last run; ``segments`` lists the generated functions.
     """
 
-    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event"):
+    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
+                 keep_fetched=False):
         # GraphRunner.__init__ is not called: only its collective and fetch functions are used
         self.graph = graph
+        # the sequential Executor leaves fetched vars in its scope, as it always did
+        self._keep = {h.var_name for h in graph.fetches} if keep_fetched else set()
         self.scopes = scopes
         self.collective = collective
         self.scheduler = scheduler
@@ -294,7 +297,7 @@ class CompiledRunner(GraphRunner):
         ref0, slots = [], []
         for pi, names in enumerate(self.graph.vars):
             for name, versions in names.items():
-                if persistable[name]:
+                if persistable[name] or name in self._keep:
                     continue
                 for v in versions:
                     out = outside(v)
