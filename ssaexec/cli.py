@@ -898,6 +898,13 @@ def cmd_convert(args):
 
 # --- entry point ---------------------------------------------------------------------------
 
+def _one_line(exc):
+    # One line per error, whatever it quotes (a torch message, a crafted file's text):
+    # scripts read the last line of stderr, and a file must not forge extra lines.
+    parts = [p.strip() for p in str(exc).splitlines() if p.strip()]
+    return "; ".join(parts).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def main(argv=None):
     """Run the ``ssaexec`` command line; return the exit status."""
     parser = build_parser()
@@ -922,7 +929,7 @@ def main(argv=None):
             import traceback
             traceback.print_exc()
         status = EXIT_FAILURE if isinstance(e, OpError) else EXIT_USAGE
-        print(f"ssaexec: error: {e}", file=sys.stderr)
+        print(f"ssaexec: error: {_one_line(e)}", file=sys.stderr)
         return status
     except Exception as e:  # a bug in ssaexec: say so, traceback only on request
         if debug:

@@ -37,9 +37,17 @@ Size expressions. A program imported with a dynamic batch carries sizes that
 depend on it, such as the ``[s0, 512]`` of a flatten. Such a size is a string,
 ``"s0"`` or ``"16*s0"``, over symbols bound by the reserved attribute ``@sym``:
 ``[["s0", k, d], ...]`` says s0 is dimension d of input ``X[k]``. The
-expression language is integers, floats, the symbols, ``+ - * / // % **``,
-parentheses and the functions in ``_FUNCS`` (sympy's spelling of the same);
-it is parsed with ``ast`` and walked, never ``eval``-ed.
+expression language (integers, symbols, ``+ - * //``, parentheses and sympy's
+spelling of a few functions; no ``**``, no other calls) is parsed and evaluated
+with bounds by ``ssaexec.ops.size_expr``, never ``eval``-ed.
+
+Operator policy (``ssaexec.ops.policy``, docs/security.md). Only allowlisted
+pure tensor overloads resolve: ``aten_op_def`` raises ``ProgramError`` for any
+other existing overload (``aten.from_file.default`` ...), so a program can
+neither load nor run one. Sizes are bounded (``ssaexec.limits``): shape
+inference runs factory ops on the meta device and refuses outputs above
+``max_tensor_elements``, and at run time the size arguments computed from size
+expressions are checked before the kernel allocates.
 
 Kernel policy (see ``ssaexec.ops.registry``): results never share storage with
 an input or with each other. ATen view ops (``view``, ``t``, ``expand`` ...)
@@ -52,18 +60,19 @@ values with: base64 of the raw little-endian bytes, 4 characters per 3 bytes,
 where ``assign_value``'s float lists take some 20 characters per element.
 """
 
-import ast
 import base64
 import math
-import operator
 import sys
-import threading
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProgramError
+from ..limits import get_limit, numel_problem
 from ..program.desc import DTYPES, dtype_name, torch_dtype
+from .policy import check_op_type
 from .registry import REQUIRED, OpDef, register_op, unaliased
+from .size_expr import parse_size_expr
 
 __all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds",
            "parse_size_expr", "encode_bytes", "decode_bytes"]
@@ -146,81 +155,6 @@ class _Omit:
 
 
 _OMIT = _Omit()  # an attr default that means "do not pass this argument"
-
-
-# --- size expressions --------------------------------------------------------------------
-def _floordiv(a, b):
-    return a // b
-
-
-def _ceildiv(a, b):
-    return -(-a // b)
-
-
-_FUNCS = {
-    "FloorDiv": _floordiv, "CleanDiv": _floordiv, "IntTrueDiv": operator.truediv,
-    "FloatTrueDiv": operator.truediv, "CeilDiv": _ceildiv, "Mod": operator.mod,
-    "PythonMod": operator.mod, "Max": max, "Min": min, "ToFloat": float,
-    "TruncToInt": lambda a: int(math.trunc(a)), "TruncToFloat": lambda a: float(math.trunc(a)),
-    "FloorToInt": lambda a: int(math.floor(a)), "CeilToInt": lambda a: int(math.ceil(a)),
-    "Abs": abs, "OpaqueUnaryFn_sqrt": math.sqrt,
-}
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
-
-
-# Kernels compile their attrs on first use, on scheduler threads, and CPython 3.11's
-# ast.parse is not thread-safe ("AST constructor recursion depth mismatch"): parse under
-# a lock, once per expression text.
-_PARSE_LOCK = threading.Lock()
-_PARSED = {}
-
-
-def parse_size_expr(text):
-    """Compile size expression ``text`` into ``(fn(env) -> number, symbols)``.
-
-    ``ProgramError`` for anything outside the expression language (module docstring).
-    """
-    with _PARSE_LOCK:
-        hit = _PARSED.get(text)
-        if hit is None:
-            hit = _PARSED[text] = _parse_size_expr(text)
-    return hit[0], set(hit[1])
-
-
-def _parse_size_expr(text):
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError as e:
-        raise ProgramError(f"size expression {text!r} does not parse: {e.msg}") from None
-    symbols = set()
-
-    def build(node):
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            v = node.value
-            return lambda env: v
-        if isinstance(node, ast.Name):
-            name = node.id
-            symbols.add(name)
-            return lambda env: env[name]
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            inner = build(node.operand)
-            if isinstance(node.op, ast.USub):
-                return lambda env: -inner(env)
-            return inner
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            fn, a, b = _BINOPS[type(node.op)], build(node.left), build(node.right)
-            return lambda env: fn(a(env), b(env))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in _FUNCS and not node.keywords:
-            fn, args = _FUNCS[node.func.id], [build(a) for a in node.args]
-            return lambda env: fn(*(a(env) for a in args))
-        raise ProgramError(f"size expression {text!r}: {ast.dump(node)[:60]} is not allowed; "
-                           f"use numbers, symbols, + - * / // % ** and {sorted(_FUNCS)}")
-
-    fn = build(tree)
-    return fn, frozenset(symbols)
 
 
 # --- the generic kernel --------------------------------------------------------------------
@@ -366,10 +300,38 @@ def _make_kernel(op_type, overload, kinds):
     return kernel
 
 
+class _MetaFactories(TorchDispatchMode):
+    """Inside it, ops that create tensors (a ``device`` argument) create them on meta.
+
+    Shape inference must never allocate (a program file may ask ``aten.full`` for
+    any size): inputs are meta tensors already, and this moves factory ops there too.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _takes_device(func):
+            kwargs = dict(kwargs, device=_META)
+            kwargs.pop("pin_memory", None)
+        return func(*args, **kwargs)
+
+
+_META = torch.device("meta")
+_TAKES_DEVICE = {}
+
+
+def _takes_device(func):
+    hit = _TAKES_DEVICE.get(func)
+    if hit is None:
+        hit = _TAKES_DEVICE[func] = any(a.name == "device" and a.kwarg_only
+                                        for a in func._schema.arguments)
+    return hit
+
+
 def _make_infer(kernel):
     # The registry's default probes -1 dims with two batch sizes. Here a -1 may stand for
     # 16*s0 rather than s0, which no probe fits; such an op's shapes are then unknown
     # (an empty result) rather than an error. The importer records exact shapes anyway.
+    # A ProgramError (a bad size expression, a size over the limits) is an error, though.
     def infer(ins, attrs):
         specs = ins.get("X") or []
         if any(s is None or s[0] is None for s in specs):
@@ -379,7 +341,10 @@ def _make_infer(kernel):
             xs = [torch.empty([batch if d < 0 else d for d in shape], dtype=torch_dtype(dt),
                               device="meta") for shape, dt in specs]
             try:
-                runs.append(kernel({"X": xs}, attrs)["Out"])
+                with _MetaFactories():
+                    runs.append(kernel({"X": xs}, attrs)["Out"])
+            except ProgramError:
+                raise
             except Exception:  # noqa: BLE001 - see above: unknown, not wrong
                 return {}
         out = []
@@ -387,9 +352,12 @@ def _make_infer(kernel):
             if a is None or a.dtype not in _DTYPE_OK:
                 out.append(None)
                 continue
-            out.append(([da if da == db else -1 for da, db in zip(a.shape, b.shape,
-                                                                  strict=True)],
-                        dtype_name(a.dtype)))
+            shape = [da if da == db else -1 for da, db in zip(a.shape, b.shape, strict=True)]
+            # per unit of batch, as declared shapes count -1 (run time sizes: size_expr)
+            numel = math.prod(max(d, 1) for d in shape) if 0 not in shape else 0
+            if numel > get_limit("max_tensor_elements"):
+                raise ProgramError(numel_problem(numel, f"its result {shape}"))
+            out.append((shape, dtype_name(a.dtype)))
         return {"Out": out}
     return infer
 
@@ -410,6 +378,7 @@ def aten_op_def(type):
     overload = resolve_overload(type)
     if overload is None:
         return None
+    check_op_type(type)  # the operator policy: pure tensor ops only (ssaexec.ops.policy)
     schema = overload._schema
     kinds = arg_kinds(overload)
     attrs = {a.name: ("any", _json_default(a)) for a in schema.arguments}

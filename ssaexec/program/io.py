@@ -4,7 +4,9 @@ The file suffix picks the form: ``.json`` is the JSON form
 (``ssaexec.program.serialize``), ``.txt``, ``.prog`` and ``.ssa`` the text form
 (``ssaexec.program.text``); any other suffix is a ``ProgramError``. Files are
 UTF-8. Loading only parses: it never imports, unpickles or evaluates anything
-from the file, so a program file from anywhere is safe to open.
+from the file, and the readers bound their work and apply the operator policy
+(docs/security.md), so a program file from anywhere is safe to open: anything
+wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
 """
 
 from pathlib import Path
@@ -77,14 +79,18 @@ def load_program(path, validate=False):
     _, reader = _format(path)
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ProgramError(f"{path}: no such program file") from None
-    except UnicodeDecodeError as e:
-        raise ProgramError(f"{path}: not a UTF-8 text file ({e.reason} at byte "
-                           f"{e.start})") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read program file: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = len(data[data.rfind(b"\n", 0, e.start) + 1:e.start].decode("utf-8", "replace")) + 1
+        raise ProgramError(f"{path}:{line}:{col}: not UTF-8 text ({e.reason} at byte "
+                           f"{e.start})") from None
     program = reader(text, source=str(path))
     if validate:
         program.validate()

@@ -25,6 +25,12 @@ Policy and invariants:
   problem raises ``ProgramError`` naming the source and where: ``LINE:COL`` for
   bad JSON, ``LINE:COL`` plus the JSON path (``blocks[0].ops[3].inputs``) for a
   structural error. Nothing is ever executed while reading (no pickle, no eval).
+* Reading is bounded, because files are untrusted (docs/security.md): nesting
+  deeper than ``max_nesting``, integers longer than ``max_int_digits`` digits,
+  ``NaN``/``Infinity`` literals, duplicate keys and strings holding unpaired
+  surrogates are errors with their position; so are declared shapes above
+  ``max_tensor_elements`` and ops the operator policy refuses
+  (``ssaexec.ops.policy``), before anything else looks at the program.
 """
 
 import json
@@ -32,6 +38,8 @@ import math
 import re
 
 from ..errors import ProgramError
+from ..limits import get_limit, shape_problem
+from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
 
 __all__ = ["SCHEMA", "VERSION", "program_to_dict", "program_from_dict", "to_json", "from_json",
@@ -195,9 +203,12 @@ def program_from_dict(d, source="<dict>"):
         On any structural problem, naming ``source`` and the JSON path.
     """
     try:
+        _check_values(d, [])
         return _decode_program(d)
     except _Malformed as e:
         raise ProgramError(f"{source}: {_format_path(e.path)}: {e.message}") from None
+    except RecursionError:  # a dict built in Python can nest without bound
+        raise ProgramError(f"{source}: nested too deeply") from None
 
 
 def from_json(text, source="<string>"):
@@ -220,13 +231,21 @@ def from_json(text, source="<string>"):
         ``SOURCE:LINE:COL: ...`` for invalid JSON; ``SOURCE:LINE:COL: PATH: ...``
         for a structural problem (missing key, wrong type, wrong schema or version).
     """
+    if not isinstance(text, str):
+        raise ProgramError(f"{source}: expected JSON text (str), got {type(text).__name__}")
+    deep = _too_deep(text)
+    if deep is not None:
+        line, col = _line_col(text, deep)
+        raise ProgramError(f"{source}:{line}:{col}: invalid JSON: nested more than "
+                           f"{get_limit('max_nesting')} deep (the limit max_nesting)")
     try:
-        d = json.loads(text)
+        d = _READER.decode(text)
     except json.JSONDecodeError as e:
         raise ProgramError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except RecursionError:
+    except RecursionError:  # pragma: no cover - _too_deep rules this out
         raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
     try:
+        _check_values(d, [])
         return _decode_program(d)
     except _Malformed as e:
         line, col = _locate(text, e.path)
@@ -236,6 +255,104 @@ def from_json(text, source="<string>"):
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+# --- bounded parsing ------------------------------------------------------------------------
+# Strings (skipped whole, escapes included) and brackets: enough to measure nesting.
+_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]')
+
+
+def _too_deep(text):
+    """Offset of the first bracket nested deeper than ``max_nesting``, else None.
+
+    Measured before parsing so a deep file costs one scan, not a RecursionError
+    (the json module recurses once per level).
+    """
+    limit, depth = get_limit("max_nesting"), 0
+    for m in _NESTING.finditer(text):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return m.start()
+        elif c in "]}":
+            depth -= 1
+    return None
+
+
+def _line_col(text, pos):
+    return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+class _BadLiteral:
+    """A number or constant the reader refuses, kept as a value to report it by path."""
+
+    __slots__ = ("text", "why")
+
+    def __init__(self, text, why):
+        self.text = text
+        self.why = why
+
+
+def _parse_int(text):
+    # int() of a long digit string is quadratic and CPython refuses over 4300 digits
+    digits = len(text.lstrip("-"))
+    if digits > get_limit("max_int_digits"):
+        return _BadLiteral(text, f"an integer of {digits} digits is out of range (the limit "
+                                 f"max_int_digits={get_limit('max_int_digits')})")
+    return int(text)
+
+
+def _parse_constant(text):
+    return _BadLiteral(text, f"{text} is not standard JSON; write a non-finite float as "
+                             '{"float": "inf" | "-inf" | "nan"}')
+
+
+class _Duplicated(dict):
+    """An object with a repeated key (the first repeat in ``dup``)."""
+
+    __slots__ = ("dup",)
+
+
+def _object_pairs(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            d = _Duplicated(pairs)
+            d.dup = k
+            return d
+        d[k] = v
+    return d
+
+
+_READER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_parse_constant,
+                           object_pairs_hook=_object_pairs)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_values(value, path):
+    """Refuse what ``_READER`` kept for reporting: bad literals, duplicates, surrogates.
+
+    Recursion is bounded by ``max_nesting`` (``_too_deep`` ran first).
+    """
+    if isinstance(value, _BadLiteral):
+        raise _Malformed(path, value.why)
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise _Malformed(path, f"string {_short(value)} holds an unpaired surrogate "
+                                   "(not valid Unicode text)")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, path + [i])
+    elif isinstance(value, dict):
+        if isinstance(value, _Duplicated):
+            raise _Malformed(path + [value.dup], f"key {_short(value.dup)} appears twice in "
+                                                 "one object")
+        for k, v in value.items():
+            if _SURROGATE.search(k):
+                raise _Malformed(path, f"key {_short(k)} holds an unpaired surrogate (not "
+                                       "valid Unicode text)")
+            _check_values(v, path + [k])
 
 
 def _type_name(v):
@@ -249,7 +366,12 @@ def _expect(cond, path, what, value):
 
 
 def _short(value):
-    text = json.dumps(value, default=repr)
+    if isinstance(value, _BadLiteral):
+        value = value.text
+    try:
+        text = json.dumps(value, default=repr)
+    except (ValueError, RecursionError):  # a nan, or a value too deep to print
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -328,6 +450,9 @@ def _decode_var(vd, path):
     shape = vd["shape"]
     _expect(shape is None or (isinstance(shape, list) and all(_is_int(x) for x in shape)),
             path + ["shape"], "null or an array of integers", shape)
+    problem = shape_problem(shape, f"var {name!r}: shape")
+    if problem:
+        raise _Malformed(path + ["shape"], problem)
     _expect(isinstance(vd["dtype"], str) and vd["dtype"] in DTYPES, path + ["dtype"],
             f"a dtype name ({', '.join(DTYPES)})", vd["dtype"])
     for flag in _VAR_FLAGS:
@@ -352,6 +477,10 @@ def _decode_op(od, path):
     outputs = _decode_slots(od["outputs"], path + ["outputs"])
     _expect(isinstance(od["attrs"], dict), path + ["attrs"], "an object", od["attrs"])
     attrs = {k: _decode_attr(v, path + ["attrs", k]) for k, v in od["attrs"].items()}
+    bad = op_problem(od["type"], attrs)  # the operator policy, at load time
+    if bad is not None:
+        where, message = bad
+        raise _Malformed(path + (["type"] if where is None else ["attrs", where]), message)
     _expect(isinstance(od["role"], str) and od["role"] in ROLES, path + ["role"],
             f"one of {', '.join(ROLES)}", od["role"])
     role_var = od["role_var"]
@@ -389,7 +518,7 @@ def _decode_attr(value, path):
 
 # --- error locations ------------------------------------------------------------------------
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
+_DECODER = _READER  # skips values the way they were read (long integers included)
 
 
 def _locate(text, path):

@@ -37,6 +37,13 @@ they round-trip bit for bit; ints and floats stay distinct because a float
 always prints with ``.``, ``e``, ``inf`` or ``nan``). The parser is a regex
 tokenizer plus recursive descent; every syntax error raises ``ProgramError``
 ``"SOURCE:LINE:COL: expected ..., found ..."``. Nothing is ever evaluated.
+
+Reading is bounded, because files are untrusted (docs/security.md): brackets
+nested deeper than ``max_nesting``, integers longer than ``max_int_digits``
+digits, repeated keys (slots, attributes, name counts) and strings holding
+unpaired surrogates are errors at their line and column; so are declared
+shapes above ``max_tensor_elements`` and ops the operator policy refuses
+(``ssaexec.ops.policy``).
 """
 
 import json
@@ -44,6 +51,8 @@ import math
 import re
 
 from ..errors import ProgramError
+from ..limits import get_limit, shape_problem
+from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
 from .serialize import VERSION
 
@@ -62,6 +71,7 @@ _BARE = re.compile(_WORD + r"\Z")
 _INT = re.compile(r"[-+]?[0-9]+\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _NONFINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # --- printing -----------------------------------------------------------------------------
@@ -196,13 +206,21 @@ def _tokenize(text, source):
             try:
                 value = json.loads(raw)
             except ValueError as e:
-                raise ProgramError(f"{source}:{line}:{col}: bad string {raw}: {e}") from None
+                raise ProgramError(f"{source}:{line}:{col}: bad string {_clip(raw)}: "
+                                   f"{e}") from None
+            if _SURROGATE.search(value):
+                raise ProgramError(f"{source}:{line}:{col}: string {_clip(raw)} holds an "
+                                   "unpaired surrogate (not valid Unicode text)")
             tokens.append(_Token("STRING", value, line, col))
         elif kind != "SKIP":
             tokens.append(_Token(kind, raw, line, col))
         pos = m.end()
     tokens.append(_Token("EOF", "", line, len(text) - line_start + 1))
     return tokens
+
+
+def _clip(text):
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -278,8 +296,11 @@ class _Parser:
         self.advance()
 
     def open(self, char):
-        self.expect("PUNCT", char)
+        tok = self.expect("PUNCT", char)
         self.depth += 1
+        if self.depth > get_limit("max_nesting"):
+            self.fail(tok, f"nested more than {get_limit('max_nesting')} deep (the limit "
+                           "max_nesting)")
 
     def close(self, char, what):
         if not self.at("PUNCT", char):
@@ -303,6 +324,14 @@ class _Parser:
         if tok.kind != "WORD" or not _INT.match(tok.value):
             self.expected(what)
         self.advance()
+        return self.to_int(tok)
+
+    def to_int(self, tok):
+        # int() of a long digit string is quadratic and CPython refuses over 4300 digits
+        digits = len(tok.value.lstrip("+-"))
+        if digits > get_limit("max_int_digits"):
+            self.fail(tok, f"an integer of {digits} digits is out of range (the limit "
+                           f"max_int_digits={get_limit('max_int_digits')})")
         return int(tok.value)
 
     def name(self, what="a name", allow_empty=False):
@@ -321,8 +350,8 @@ class _Parser:
         m = re.fullmatch(r"v([0-9]+)", tok.value) if tok.kind == "WORD" else None
         if m is None:
             self.expected(f"a version like 'v{VERSION}'")
-        if int(m.group(1)) != VERSION:
-            self.fail(tok, f"unsupported version {m.group(1)}; this ssaexec reads version "
+        if m.group(1).lstrip("0") != str(VERSION):
+            self.fail(tok, f"unsupported version {_clip(m.group(1))}; this ssaexec reads version "
                            f"{VERSION} only")
         self.advance()
         self.expect("WORD", "random_seed")
@@ -334,7 +363,10 @@ class _Parser:
         if self.at("WORD", "names"):
             self.advance()
             while not (self.at("NL") or self.at("EOF")):
+                tok = self.peek()
                 key = self.name("a name prefix", allow_empty=True)
+                if key in program._name_counts:
+                    self.fail(tok, f"name prefix {key!r} appears twice")
                 self.expect("PUNCT", "=")
                 program._name_counts[key] = self.integer("a name count (an integer)")
             self.end_of_line()
@@ -391,9 +423,13 @@ class _Parser:
         dtype = self.advance().value
         shape = None
         if self.at("PUNCT", "["):
+            bracket = self.peek()
             self.open("[")
             shape = self.comma_list("]", lambda: self.integer("a dimension (an integer)"),
                                     "a dimension")
+            problem = shape_problem(shape, f"var {name!r}: shape")
+            if problem:
+                self.fail(bracket, problem)
         flags = {}
         while self.at("WORD") and self.peek().value in _FLAG_WORDS:
             flags[_FLAG_WORDS[self.advance().value]] = True
@@ -433,10 +469,12 @@ class _Parser:
             self.expected("'var', an op ('out = type(...)' or '{Slot=out, ...} = type(...)') "
                           "or '}'")
         self.expect("PUNCT", "=")
+        type_tok = self.peek()
         op_type = self.name("an op type")
         self.open("(")
         inputs = self.slots(")")
         attrs = {}
+        attr_toks = {}
         if self.at("PUNCT", "{"):
             self.open("{")
 
@@ -444,8 +482,12 @@ class _Parser:
                 tok = self.peek()
                 key = self.name("an attribute name", allow_empty=True)
                 self.expect("PUNCT", "=")
+                attr_toks.setdefault(key, tok)
                 return tok, key, self.value()
             attrs = self._unique(self.comma_list("}", attr, "an attribute"), "attribute")
+        bad = op_problem(op_type, attrs)  # the operator policy, at load time
+        if bad is not None:
+            self.fail(type_tok if bad[0] is None else attr_toks[bad[0]], bad[1])
         role = "forward"
         tok = self.peek()
         if tok.kind == "WORD" and tok.value.startswith("@"):
@@ -487,7 +529,7 @@ class _Parser:
                 return constant[word]
             if _INT.match(word):
                 self.advance()
-                return int(word)
+                return self.to_int(tok)
             if word in _NONFINITE or _FLOAT.match(word):
                 self.advance()
                 return _NONFINITE.get(word) or float(word)

@@ -20,6 +20,12 @@ it, before that op's outputs count as written):
    input shapes and agrees with the declared outputs (-1 and unknown shapes
    match anything).
 
+Untrusted programs (docs/security.md): step 1 resolves ``aten.*`` types only
+through the operator policy (``ssaexec.ops.policy``), step 4 applies its
+attribute rules, declared shapes and inferred outputs must stay within
+``max_tensor_elements`` (``ssaexec.limits``, -1 counted as 1), and inference
+runs on meta tensors only: validating never allocates a real tensor.
+
 ``EMPTY_VAR`` (``"@EMPTY@"``) may stand in any slot for "not produced/absent";
 such an op skips inference. Writes are tracked per (declaring block, name) so a
 sub-block var shadowing a parent var is a different var. A sub-block's writes
@@ -29,6 +35,8 @@ every write of their ancestors visible (lenient: nothing says when they run).
 """
 
 from ..errors import ProgramError
+from ..limits import shape_problem
+from ..ops.policy import op_problem
 from ..ops.registry import REQUIRED, check_attr, get_op_def, infer_outputs
 from .desc import EMPTY_VAR
 
@@ -117,6 +125,10 @@ class _Validator:
         """Check block ``bi``; ``written`` holds (owner, name) pairs already written."""
         self.visited.add(bi)
         block = self.program.blocks[bi]
+        for var in block.vars.values():
+            problem = shape_problem(var.shape, f"var {var.name!r}: shape")
+            if problem:
+                raise ProgramError(f"block {bi}: {problem}")
         for oi, op in enumerate(block.ops):
             where = f"block {bi}, op {oi} ({op.type})"
             op_def = self._op_def(op, where)
@@ -191,6 +203,9 @@ class _Validator:
             if problem:
                 raise ProgramError(f"{where}: {problem}; hint: see the attrs of "
                                    f"get_op_def({op.type!r})")
+        bad = op_problem(op.type, op.attrs)
+        if bad is not None:
+            raise ProgramError(f"{where}: {bad[1]}")
         for name, (kind, default) in op_def.attrs.items():
             if default is REQUIRED and name not in op.attrs:
                 raise ProgramError(f"{where}: missing required attribute {name!r} ({kind}); "
@@ -238,11 +253,15 @@ class _Validator:
                 in_specs[slot] = [(v.shape, v.dtype) for v in map(block.find_var, names)]
         try:
             result = infer_outputs(op_def, op, in_specs)
+        except ProgramError as e:  # the attrs break a rule (a size expression, a limit)
+            raise ProgramError(f"{where}: {e}") from None
         except Exception as e:  # any kernel failure on meta tensors is an incompatibility
+            attrs = repr(op.attrs)
+            attrs = attrs if len(attrs) <= 200 else attrs[:197] + "..."
             raise ProgramError(
                 f"{where}: shape inference failed for inputs {_fmt_specs(in_specs)}: "
                 f"{type(e).__name__}: {str(e).rstrip('.')}; hint: check the declared input "
-                f"shapes and the attrs {op.attrs} (-1 dims are probed as 5 and 7)") from e
+                f"shapes and the attrs {attrs} (-1 dims are probed as 5 and 7)") from e
         for slot, specs in (result or {}).items():
             names = op.outputs.get(slot, [])
             if specs is None or not names:
@@ -252,6 +271,10 @@ class _Validator:
                     f"{where}: output slot {slot!r} lists {len(names)} vars {names} but the "
                     f"op produces {len(specs)}; hint: list one var per produced value")
             for name, spec in zip(names, specs, strict=True):
+                if spec is not None and spec[0] is not None:
+                    problem = shape_problem(spec[0], f"output slot {slot!r} ({name})")
+                    if problem:
+                        raise ProgramError(f"{where}: {problem}")
                 if name != EMPTY_VAR and spec is not None:
                     self._compare(block, slot, name, spec, in_specs, where)
 

@@ -1,0 +1,143 @@
+"""Limits on what a program may ask for: tensor sizes, numbers, nesting.
+
+Policy: a program file is untrusted data (see docs/security.md), so everything
+in it that costs time or memory in proportion to a number written in it is
+bounded *before* any work starts, and going over a bound is a ``ProgramError``
+that names the limit and how to raise it. The limits, with their defaults:
+
+=========================  ===========  ============================================
+limit                      default      bounds
+=========================  ===========  ============================================
+``max_tensor_elements``    2**31        elements of one tensor: a declared var shape
+                                        (-1 counted as 1), a factory op's size, an
+                                        inferred op output
+``max_size_value``         2**62        any intermediate value of a size expression
+``max_int_digits``         40           digits of one integer literal in a file
+``max_nesting``            64           nesting depth of lists/objects in a file
+``max_expr_chars``         1000         characters of one size expression
+=========================  ===========  ============================================
+
+Raise one for a process with the environment variable ``SSAEXEC_<NAME>``
+(``SSAEXEC_MAX_TENSOR_ELEMENTS=8589934592 ssaexec run big.json``), read at
+import, or in Python with ``set_limits(max_tensor_elements=2**33)`` (returns the
+previous values) or the context manager ``limits(...)``. The defaults are far
+above real models: 2**31 elements is an 8 GiB float32 tensor.
+"""
+
+import contextlib
+import math
+import os
+
+__all__ = ["DEFAULTS", "get_limit", "set_limits", "limits", "shape_problem", "numel_problem"]
+
+DEFAULTS = {
+    "max_tensor_elements": 2 ** 31,
+    "max_size_value": 2 ** 62,
+    "max_int_digits": 40,
+    "max_nesting": 64,
+    "max_expr_chars": 1000,
+}
+
+
+def _from_env():
+    values = dict(DEFAULTS)
+    for name in DEFAULTS:
+        raw = os.environ.get("SSAEXEC_" + name.upper())
+        if raw is None:
+            continue
+        try:
+            value = int(raw.strip().replace("_", ""), 0)
+        except ValueError:
+            # a bad override must not silently become "no limit": keep the default
+            continue
+        if value > 0:
+            values[name] = value
+    return values
+
+
+_LIMITS = _from_env()
+
+
+def get_limit(name):
+    """The current value of limit ``name`` (a key of ``DEFAULTS``)."""
+    return _LIMITS[name]
+
+
+def set_limits(**values):
+    """Set limits by name; return a dict of their previous values.
+
+    Parameters
+    ----------
+    **values : int
+        New values (positive integers), keyed by limit name (see ``DEFAULTS``).
+
+    Returns
+    -------
+    dict
+        The previous values of the limits set, for restoring them.
+    """
+    for name, value in values.items():
+        if name not in DEFAULTS:
+            raise ValueError(f"unknown limit {name!r}; limits are {', '.join(DEFAULTS)}")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"limit {name!r} must be a positive integer, got {value!r}")
+    old = {name: _LIMITS[name] for name in values}
+    _LIMITS.update(values)
+    return old
+
+
+@contextlib.contextmanager
+def limits(**values):
+    """Context manager: ``set_limits(**values)`` inside the block, restored after it."""
+    old = set_limits(**values)
+    try:
+        yield
+    finally:
+        _LIMITS.update(old)
+
+
+def _hint(name):
+    return (f"the limit is {name}={_LIMITS[name]}; raise it with SSAEXEC_{name.upper()}=N "
+            f"or ssaexec.limits.set_limits({name}=N) if the program is trusted")
+
+
+def numel_problem(numel, what):
+    """A message when ``numel`` elements for ``what`` exceed ``max_tensor_elements``, else None."""
+    cap = _LIMITS["max_tensor_elements"]
+    if numel <= cap:
+        return None
+    # a product of file-given dims can have thousands of digits: never print those
+    count = str(numel) if numel.bit_length() <= 64 else "more than 2**64"
+    return (f"{what} has {count} elements, more than one tensor may hold "
+            f"({_hint('max_tensor_elements')})")
+
+
+def shape_problem(shape, what="the shape"):
+    """A message when declared ``shape`` is malformed or too big, else None.
+
+    A declared shape is a list of dims, each -1 (any size: the batch) or >= 0;
+    its element count, with -1 counted as 1, must not exceed ``max_tensor_elements``.
+    """
+    if shape is None:
+        return None
+    for d in shape:
+        if d < -1:
+            return f"{what} {_short(shape)} has dimension {_short_int(d)}; dims are -1 (any " \
+                   "size) or >= 0"
+    if 0 in shape:
+        return None
+    numel = 1
+    for d in shape:
+        numel *= max(d, 1)
+        if numel > _LIMITS["max_tensor_elements"]:  # stop early: the product can be huge
+            return numel_problem(numel, f"{what} {_short(shape)}")
+    return None
+
+
+def _short_int(v):
+    return str(v) if v.bit_length() <= 64 else ("-" if v < 0 else "") + "<huge>"
+
+
+def _short(shape):
+    text = "[" + ", ".join(_short_int(d) for d in shape[:8]) + (", ...]" if len(shape) > 8 else "]")
+    return text if len(text) <= 60 else text[:57] + "...]"
