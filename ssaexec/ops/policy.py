@@ -179,16 +179,16 @@ def _denial(op_type):
     family = m.group(1)
     if family in DENIED_FAMILIES:
         return DENIED_FAMILIES[family]
-    if op_type not in ALLOWED:
-        if family.startswith("__"):
-            return "it is not on the allowlist of pure tensor operators"
-        from .aten import resolve_overload
-        if resolve_overload(op_type) is None:
-            return f"torch {_torch_version()} has no such ATen operator"
+    if family.startswith("__"):  # never an operator; do not even look it up
         return "it is not on the allowlist of pure tensor operators"
     from .aten import resolve_overload
     overload = resolve_overload(op_type)
-    return None if overload is None else schema_problem(overload)
+    if overload is None:
+        return None if op_type in ALLOWED else \
+            f"torch {_torch_version()} has no such ATen operator"
+    # the schema rules first: they say what is wrong with an op, not only that it is unlisted
+    return schema_problem(overload) or (
+        None if op_type in ALLOWED else "it is not on the allowlist of pure tensor operators")
 
 
 def _torch_version():
