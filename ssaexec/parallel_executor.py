@@ -307,10 +307,10 @@ class ParallelExecutor:
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch)
         per_place = self._place_feeds(feed)
-        read = {n for op in self.program.global_block().ops for n in op.input_names()}
+        data_read = self._data_read()
         for pi, (ls, d) in enumerate(zip(self.local_scopes, per_place, strict=True)):
-            for v in self.program.data_vars():
-                if v.name in read and v.name not in d and ls.find_var(v.name) is None:
+            for v in data_read:
+                if v.name not in d and ls.find_var(v.name) is None:
                     raise FeedError(f"data var {v.name!r} was not fed for place "
                                     f"{self.places[pi]} (expected shape {v.shape}, dtype "
                                     f"{v.dtype})")
@@ -324,6 +324,16 @@ class ParallelExecutor:
             fetched = runner.run(self.exec_strategy.sync)
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _data_read(self):
+        # data vars some op reads: computed once per program version, not per step
+        key = self.program._version
+        cached = getattr(self, "_data_read_cache", None)
+        if cached is None or cached[0] != key:
+            read = {n for op in self.program.global_block().ops for n in op.input_names()}
+            cached = self._data_read_cache = (
+                key, [v for v in self.program.data_vars() if v.name in read])
+        return cached[1]
 
     def _run_distributed(self, runner):
         try:

@@ -17,7 +17,8 @@ instead, the way functionalization reasons about views:
   the new value, so instead every may-alias result of the class is copied
   when it is made (``AliasPlan.copy``).
 * **Results that outlive the step** (the final version of a persistable made
-  by a may-alias op) are always copied: a later step may rewrite their base.
+  by a may-alias op, or of a fetched var the sequential executor keeps) are
+  always copied: a later step may rewrite their base.
 
 Invariant after the pass: no handle reads storage that an in-place writer
 changed after the version it reads was made. Most graphs need no copy at all:
@@ -85,8 +86,12 @@ class _Union:
             self.parent[ra] = rb
 
 
-def plan_aliasing(graph):
-    """Add the alias edges to ``graph`` and return the ``AliasPlan`` (see the module doc)."""
+def plan_aliasing(graph, outlive=()):
+    """Add the alias edges to ``graph`` and return the ``AliasPlan`` (see the module doc).
+
+    ``outlive`` names non-persistable vars whose final value also stays after the
+    step (the sequential executor leaves fetched vars in its scope).
+    """
     block = graph.program.global_block()
     uf = _Union()
     handles = {}  # id(VarHandle) -> VarHandle
@@ -120,7 +125,8 @@ def plan_aliasing(graph):
         v = handles[k]
         var = block.find_var(v.name)
         versions = graph.vars[v.place_idx].get(v.name)
-        if var is not None and var.persistable and versions and versions[-1] is v:
+        lasting = (var is not None and var.persistable) or v.name in outlive
+        if lasting and versions and versions[-1] is v:
             copy.add(k)
 
     order = _Order(graph)

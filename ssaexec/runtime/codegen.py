@@ -191,14 +191,29 @@ def _literal(value, em):
     return em.const(value)
 
 
+def _memo_size(fn, names):
+    # a size expression depends on the batch only: evaluate (bounded) once per batch shape
+    cache = {}
+
+    def size(values):
+        r = cache.get(values)
+        if r is None:
+            if len(cache) > 64:
+                cache.clear()
+            r = cache[values] = fn(dict(zip(names, values, strict=True)))
+        return r
+    return size
+
+
 def _aten_expr(em, handle, xs, attrs):
     """``overload(args...)`` source for an ATen op with inputs ``xs`` (local names)."""
     op_def = get_op_def(handle.op.type)
     overload = op_def.overload
     compiled = _aten._Compiled(handle.op.type, _aten.arg_kinds(overload), attrs)  # validates
     env = None
+    names = tuple(s for s, _, _ in compiled.binds)
     if compiled.binds:
-        env = "{" + ", ".join(f"{s!r}: {xs[k]}.shape[{d}]" for s, k, d in compiled.binds) + "}"
+        env = "(" + "".join(f"{xs[k]}.shape[{d}], " for _, k, d in compiled.binds) + ")"
 
     def value(kind, v):
         if isinstance(v, list):
@@ -207,7 +222,7 @@ def _aten_expr(em, handle, xs, attrs):
             return xs[int(v[2:-1])]
         if isinstance(v, str):
             fn, _ = _aten.parse_size_expr(v)
-            return f"{em.const(fn, 'sz')}(_env)"
+            return f"{em.const(_memo_size(fn, names), 'sz')}(_env)"
         return _literal(v, em)
 
     args, kwargs = [], []

@@ -110,7 +110,7 @@ def partition(graph, noop_collectives):
     -------
     (list of nodes, dict id(handle) -> node)
     """
-    order = graph.topological_order()
+    order = _program_order(graph)
     multi = set()
     for h in graph.ops:
         if h.kind == "fetch" or (h.kind in COLLECTIVE_KINDS and not noop_collectives):
@@ -172,6 +172,36 @@ def partition(graph, noop_collectives):
     return nodes, node_of
 
 
+def _program_order(graph):
+    """A topological order that follows program order (handle ids) wherever it can.
+
+    Handles are made in program order, so each place then runs its ops as the
+    sequential executor would: the optimizer updates stay together at the end,
+    where they can be fused.
+    """
+    import heapq
+    indeg = [0] * len(graph.ops)
+    succ = [[] for _ in graph.ops]
+    for op in graph.ops:
+        ps = op.producers()
+        indeg[op.id] = len(ps)
+        for p in ps:
+            succ[p.id].append(op.id)
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(graph.ops[i])
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(graph.ops):
+        graph.topological_order()  # raises GraphError naming the cycle
+    return order
+
+
 class _SegmentPlan:
     """What the code generator of one segment must store, copy and bind."""
 
@@ -202,7 +232,7 @@ class CompiledRunner(GraphRunner):
         self._lock = threading.Lock()
         self._refs = []
         self.counter = CloneCounter()
-        self.alias = plan_aliasing(graph)
+        self.alias = plan_aliasing(graph, self._keep)
         noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
         self.nodes, node_of = partition(graph, noop)
         self.segments = [n for n in self.nodes if isinstance(n, Segment)]
