@@ -541,8 +541,10 @@ def cmd_viz(args):
 
 def cmd_stats(args):
     from .graph.analysis import format_stats, graph_stats
+    from .runtime.compiled import compile_summary
     graph = _graph(args)
     stats = graph_stats(graph)
+    stats["compiled"] = compile_summary(graph)  # last: it adds the alias edges
     if args.format == "json":
         import json
         stats = dict(stats, program=args.program)

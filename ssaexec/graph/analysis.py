@@ -369,4 +369,11 @@ def format_stats(stats, source=None):
                  f"{format_bytes(mem['other_persistable_bytes'])} ({mem['other_persistables']})")
     lines.append(f"                total {format_bytes(mem['per_place_bytes'])} per place, "
                  f"{format_bytes(mem['total_bytes'])} over {n} places (activations not counted)")
+    comp = stats.get("compiled")
+    if comp:
+        lines.append(f"compiled        {comp['segments']} segments of straight-line code "
+                     f"(largest {comp['ops_per_segment']} ops), {comp['nodes']} scheduled nodes")
+        lines.append(f"  aliasing      {comp['may_alias_results']} results may alias an input; "
+                     f"copies per step: {comp['alias_copies']}, order edges added: "
+                     f"{comp['alias_edges']}")
     return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ from .codegen import CloneCounter, lower_segment
 from .graph_runner import GraphRunner
 from .scheduler import DependencyPlan
 
-__all__ = ["CompiledRunner", "Segment", "partition"]
+__all__ = ["CompiledRunner", "Segment", "partition", "compile_summary"]
 
 
 class _NodeVar:
@@ -170,6 +170,25 @@ def partition(graph, noop_collectives):
         for p in node._producers:
             p.outputs.append(_NodeVar("edge", None, p, True))
     return nodes, node_of
+
+
+def compile_summary(graph, local_only=True):
+    """What the compiled path makes of ``graph`` (``ssaexec stats``), without running it.
+
+    Adds the alias edges to ``graph``. ``alias_copies`` counts the versions the
+    alias plan copies each step (an upper bound: a may-alias result that does not
+    share storage at run time is not copied).
+    """
+    from ..ops.registry import get_op_def
+    alias = plan_aliasing(graph)
+    nodes, _ = partition(graph, local_only and len(graph.places) == 1)
+    segments = [n for n in nodes if isinstance(n, Segment)]
+    views = sum(1 for h in graph.ops if h.kind == "compute" and get_op_def(h.op.type).may_alias
+                for v in h.outputs if not v.is_dummy)
+    return {"segments": len(segments), "nodes": len(nodes),
+            "ops_per_segment": max((len(n.handles) for n in segments), default=0),
+            "may_alias_results": views, "alias_copies": len(alias.copy),
+            "alias_edges": alias.edges}
 
 
 def _program_order(graph):
