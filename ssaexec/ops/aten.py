@@ -387,6 +387,9 @@ def aten_op_def(type):
     op_def = OpDef(type, ["X*"], ["Out*"], attrs, kernel, infer=_make_infer(kernel), grad=None,
                    is_random=torch.Tag.nondeterministic_seeded in overload.tags,
                    doc=f"ATen {schema}")
+    op_def.overload = overload
+    # view ops and ops that may return an input (schema alias annotations, Tensor(a))
+    op_def.may_alias = any(r.alias_info is not None for r in schema.returns)
     _DEFS[type] = op_def
     return op_def
 
