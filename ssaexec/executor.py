@@ -37,7 +37,7 @@ def fetch_names(fetch_list):
 
 
 class _Plan:
-    __slots__ = ("calls", "free_after", "data_read")
+    __slots__ = ("calls", "free_after", "data_read", "step")
 
     def __init__(self, program, fetch, device):
         block = program.global_block()
@@ -57,6 +57,7 @@ class _Plan:
         self.free_after = [tuple(f) for f in free]
         read = {n for op in block.ops for n in op.input_names()}
         self.data_read = [v.name for v in program.data_vars() if v.name in read]
+        self.step = 0
 
 
 class _Compiled:
@@ -160,13 +161,23 @@ class Executor:
         for n, t in feeds.items():
             scope.set_var(n, t.to(device, non_blocking=True))
         fetched = {}
-        if self.compiled:
-            fetched = plan.run(scope)
-        else:
-            for call, free in zip(plan.calls, plan.free_after, strict=True):
-                call.run(scope, self.place)
-                for n in free:
+        try:
+            if self.compiled:
+                fetched = plan.run(scope)
+            else:
+                for call, free in zip(plan.calls, plan.free_after, strict=True):
+                    call.run(scope, self.place, plan.step)
+                    for n in free:
+                        scope.erase(n)
+                plan.step += 1
+        except BaseException:
+            # a failed run's feed must not be reused by a later run that feeds nothing
+            block = program.global_block()
+            for n in feeds:
+                var = block.find_var(n)
+                if var is None or not var.persistable:
                     scope.erase(n)
+            raise
         out = []
         for n in fetch:
             if n in fetched:

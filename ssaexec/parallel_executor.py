@@ -111,6 +111,8 @@ class ParallelExecutor:
         if not self.places:
             raise SSAExecError("ParallelExecutor needs at least one place")
         self.program = main_program
+        if loss_name is not None and not isinstance(loss_name, str):
+            loss_name = getattr(loss_name, "name", loss_name)  # a VarDesc names itself
         self.loss_name = loss_name
         if loss_name is not None and main_program.global_block().find_var(loss_name) is None:
             raise SSAExecError(f"loss_name {loss_name!r} is not a var of the main program")
@@ -261,27 +263,52 @@ class ParallelExecutor:
         return self._runner(fetch_names(fetch_list)).graph
 
     # --- running ------------------------------------------------------------------------
-    def _place_feeds(self, feed):
+    def _place_feeds(self, feed, allow_persistable_feed=False):
         n = len(self.places)
+        block = self.program.global_block()
         if isinstance(feed, (list, tuple)):
             if len(feed) != n:
                 raise FeedError(f"a list feed needs one dict per place: got {len(feed)} for "
                                 f"{n} places")
-            return [check_feed(self.program, f) for f in feed]
+            per_place = [check_feed(self.program, f) for f in feed]
+            for d in per_place:
+                for name in d:
+                    self._check_feed_var(block.vars[name], allow_persistable_feed)
+            return [{k: (t if block.vars[k].is_data else t.detach().clone())
+                     for k, t in d.items()} for d in per_place]
         feeds = check_feed(self.program, feed)
         per_place = [{} for _ in range(n)]
-        block = self.program.global_block()
+        batch = None  # (name, size) of the first split feed: the others must agree
         for name, t in feeds.items():
             var = block.vars[name]
-            if var.shape and var.shape[0] == -1 and t.dim() > 0:
+            self._check_feed_var(var, allow_persistable_feed)
+            if var.persistable:
+                # copied, once per place: never the caller's tensor, identical everywhere
+                parts = [t.detach().clone() for _ in range(n)]
+            elif var.shape and var.shape[0] == -1 and t.dim() > 0:
+                if batch is None:
+                    batch = (name, t.shape[0])
+                elif t.shape[0] != batch[1]:
+                    raise FeedError(f"feeds {batch[0]!r} and {name!r} have batch sizes "
+                                    f"{batch[1]} and {t.shape[0]}: the split data vars of one "
+                                    "step must have the same number of samples")
                 parts = split_batch(t, n, name)
             else:
-                parts = [t] * n
+                parts = [t if var.is_data else t.detach().clone() for _ in range(n)]
             for d, part in zip(per_place, parts, strict=True):
                 d[name] = part
         return per_place
 
-    def run(self, fetch_list=None, feed=None, return_merged=True):
+    @staticmethod
+    def _check_feed_var(var, allow_persistable_feed):
+        if var.persistable and not allow_persistable_feed:
+            raise FeedError(f"feed {var.name!r} is a persistable var (a parameter or optimizer "
+                            "state), not a data var: the step would update the fed tensor in "
+                            "place. Pass allow_persistable_feed=True to set it (it is copied "
+                            "to every place)")
+
+    def run(self, fetch_list=None, feed=None, return_merged=True,
+            allow_persistable_feed=False):
         """Run one step on every place.
 
         Parameters
@@ -289,9 +316,16 @@ class ParallelExecutor:
         fetch_list : list of str or VarDesc, optional
             Vars to fetch (default: none).
         feed : dict or list of dict
-            Whole-batch feed (split across places) or one feed per place.
+            Whole-batch feed (split across places; every split data var must
+            have the same batch size) or one feed per place.
         return_merged : bool
             Merge per-place values (see the module docstring) or return lists.
+        allow_persistable_feed : bool
+            Allow feeding persistable vars (parameters, optimizer state): each
+            place gets its own copy. Otherwise that is a ``FeedError``.
+
+        A step that fails changes nothing: no place keeps its updates, and its
+        feed is forgotten (the next run must feed again).
 
         Returns
         -------
@@ -306,8 +340,11 @@ class ParallelExecutor:
                                    "restart every process")
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch)
-        per_place = self._place_feeds(feed)
+        per_place = self._place_feeds(feed, allow_persistable_feed)
         data_read = self._data_read()
+        block = self.program.global_block()
+        replaced = [(ls, name, ls.vars.get(name)) for ls, d in zip(self.local_scopes, per_place)
+                    for name in d if block.vars[name].persistable]
         for pi, (ls, d) in enumerate(zip(self.local_scopes, per_place, strict=True)):
             for v in data_read:
                 if v.name not in d and ls.find_var(v.name) is None:
@@ -318,12 +355,30 @@ class ParallelExecutor:
             for name, t in d.items():
                 ls.set_var(name, t.to(device, non_blocking=True) if t.device != device
                            else t)
-        if self.distributed:
-            fetched = self._run_distributed(runner)
-        else:
-            fetched = runner.run(self.exec_strategy.sync)
+        try:
+            if self.distributed:
+                fetched = self._run_distributed(runner)
+            else:
+                fetched = runner.run(self.exec_strategy.sync)
+        except BaseException:
+            self._forget_feed(per_place, replaced)
+            raise
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _forget_feed(self, per_place, replaced):
+        # a failed step's feed must not be reused by a later run that feeds nothing, and
+        # a persistable it set goes back to what it was
+        block = self.program.global_block()
+        for ls, d in zip(self.local_scopes, per_place, strict=True):
+            for name in d:
+                if not block.vars[name].persistable:
+                    ls.erase(name)
+        for ls, name, old in replaced:
+            if old is None:
+                ls.erase(name)
+            else:
+                ls.set_var(name, old)
 
     def _data_read(self):
         # data vars some op reads: computed once per program version, not per step

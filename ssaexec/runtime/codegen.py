@@ -40,6 +40,7 @@ from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR, torch_dtype
 from .op_call import BlockContext, OpCall
+from .rng import needs_step_seed, op_seed, seeded
 
 __all__ = ["Lowered", "lower_segment", "CloneCounter"]
 
@@ -262,7 +263,9 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
         the generated function itself gets the scope's dict and ``find_var``.
     plan : object
         ``export`` (ids of versions to store), ``copy`` (ids of versions to copy
-        when made), ``needed`` (ids of versions some handle or the step reads).
+        when made), ``needed`` (ids of versions some handle or the step reads),
+        ``step`` (a one-item list holding the step number, for random ops) and
+        ``place_idx``.
     counter : CloneCounter
     program : Program
     label : str
@@ -273,6 +276,10 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
     Lowered
     """
     em = _Emitter(place, scope_of, counter, program)
+    em.ns["_step"] = plan.step
+    em.ns["_seeded"] = seeded
+    em.ns["_op_seed"] = op_seed
+    em.place_idx = plan.place_idx
     # last local use of every version, to drop it early
     last_use = {}
     for k, h in enumerate(handles):
@@ -339,6 +346,17 @@ def _bind(em, v, src_name, plan, h, check_none=False, inputs=None):
     return n
 
 
+def _call_line(em, h, od, text):
+    """Emit the kernel call ``text``; a random op runs under its step seed (``runtime.rng``)."""
+    if h.kind == "compute" and needs_step_seed(od, h.op):
+        seed = (f"_op_seed({em.program.random_seed}, {h.op_index}, {em.place_idx}, "
+                f"_step[0])")
+        em.emit(f"with _seeded({seed}, {em.const(em.device, 'dev')}):", h)
+        em.emit("    " + text, h)
+    else:
+        em.emit(text, h)
+
+
 def _emit_handle(em, h, plan):
     kind = h.kind
     if kind == "scale_loss_grad":
@@ -387,13 +405,13 @@ def _emit_handle(em, h, plan):
         if single:
             if wanted:
                 n = em.name_of(wanted[0][1])
-                em.emit(f"{n} = {call}", h)
+                _call_line(em, h, od, f"{n} = {call}")
                 _bind(em, wanted[0][1], n, plan, h, inputs=xs)
             else:
-                em.emit(call, h)
+                _call_line(em, h, od, call)
             return 1
         plain = all(str(r.type) == "Tensor" for r in returns)
-        em.emit(f"_r = {call}" if plain else f"_r = _flat({call})", h)
+        _call_line(em, h, od, f"_r = {call}" if plain else f"_r = _flat({call})")
         for j, v in wanted:
             _bind(em, v, f"_r[{j}]", plan, h, inputs=xs)
         return 1
@@ -416,9 +434,9 @@ def _emit_handle(em, h, plan):
     if od.wants_mask:
         wanted = {s.name: [n != EMPTY_VAR for n in op.output(s.name)] for s in od.outputs
                   if s.name in op.outputs}
-        em.emit(f"_o = {k}({ins_src}, {a}, {em.const(wanted, 'w')})", h)
+        _call_line(em, h, od, f"_o = {k}({ins_src}, {a}, {em.const(wanted, 'w')})")
     else:
-        em.emit(f"_o = {k}({ins_src}, {a})", h)
+        _call_line(em, h, od, f"_o = {k}({ins_src}, {a})")
     creates = not any(op.input(s.name) for s in od.inputs if s.name in op.inputs)
     move = creates and em.device.type != "cpu"
     dev = em.const(em.device, "dev") if move else None

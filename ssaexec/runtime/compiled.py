@@ -59,7 +59,7 @@ class Segment:
     """A run of one place's handles lowered to one generated function."""
 
     __slots__ = ("id", "place_idx", "place", "handles", "inputs", "outputs", "_producers",
-                 "lowered", "after_collectives")
+                 "lowered", "after_collectives", "commit")
     kind = "compute"
 
     def __init__(self, place_idx, place):
@@ -70,6 +70,7 @@ class Segment:
         self._producers = []
         self.lowered = None
         self.after_collectives = set()  # ids of the collectives the segment's start follows
+        self.commit = False  # holds parameter/optimizer-state updates (atomic steps)
 
     def producers(self):
         return self._producers
@@ -103,8 +104,11 @@ class _Wrapped:
         return self._producers
 
 
-def partition(graph, noop_collectives):
+def partition(graph, noop_collectives, atomic=False):
     """Cut ``graph`` into nodes (see the module docstring).
+
+    With ``atomic``, each place's updates (from its first ``optimize`` op on) form
+    commit segments that wait for every other node of the step, on every place.
 
     Returns
     -------
@@ -122,6 +126,7 @@ def partition(graph, noop_collectives):
                 feeds_multi.add(p.id)
     nodes, node_of = [], {}
     current = {}  # place index -> open Segment
+    committing = set()  # places whose updates have begun
     for h in order:
         if h.id in multi:
             node = _Wrapped(h)
@@ -131,10 +136,14 @@ def partition(graph, noop_collectives):
         pi = h.place_idx if h.kind in ("compute", "scale_loss_grad") else \
             next(v.place_idx for v in h.inputs + h.outputs if not v.is_dummy)
         needs = {p.id for p in h.producers() if p.id in multi}
+        if atomic and h.kind == "compute" and h.op.role == "optimize":
+            committing.add(pi)
+        commit = pi in committing
         seg = current.get(pi)
-        if seg is None or not needs <= seg.after_collectives:
+        if seg is None or not needs <= seg.after_collectives or seg.commit != commit:
             seg = Segment(pi, graph.places[pi])
             seg.after_collectives = needs
+            seg.commit = commit
             nodes.append(seg)
             current[pi] = seg
         seg.handles.append(h)
@@ -166,10 +175,34 @@ def partition(graph, noop_collectives):
                 node.inputs.append(_NodeVar("chain", node.place_idx, prev, True))
             last_seg[node.place_idx] = node
         node._producers = list(preds.values())
+    if atomic:
+        _commit_barrier(nodes)
     for node in nodes:
         for p in node._producers:
             p.outputs.append(_NodeVar("edge", None, p, True))
     return nodes, node_of
+
+
+def _commit_barrier(nodes):
+    # commit nodes: commit segments and everything downstream of them (nodes are in a
+    # topological order); each first commit segment waits for every other node
+    succ = {n.id: [] for n in nodes}
+    for n in nodes:
+        for p in n._producers:
+            succ[p.id].append(n)
+    late = set()
+    for n in nodes:
+        if n.id in late or getattr(n, "commit", False):
+            late.add(n.id)
+            late.update(m.id for m in succ[n.id])
+    early = [n for n in nodes if n.id not in late]
+    for n in nodes:
+        if getattr(n, "commit", False) and not any(p.id in late for p in n._producers):
+            have = {p.id for p in n._producers}
+            for e in early:
+                if e.id not in have:
+                    n._producers.append(e)
+                    n.inputs.append(_NodeVar("commit", n.place_idx, e, True))
 
 
 def compile_summary(graph, local_only=True):
@@ -224,10 +257,11 @@ def _program_order(graph):
 class _SegmentPlan:
     """What the code generator of one segment must store, copy and bind."""
 
-    __slots__ = ("export", "copy", "needed")
+    __slots__ = ("export", "copy", "needed", "step", "place_idx")
 
-    def __init__(self, export, copy, needed):
+    def __init__(self, export, copy, needed, step, place_idx):
         self.export, self.copy, self.needed = export, copy, needed
+        self.step, self.place_idx = step, place_idx
 
 
 class CompiledRunner(GraphRunner):
@@ -251,9 +285,16 @@ class CompiledRunner(GraphRunner):
         self._lock = threading.Lock()
         self._refs = []
         self.counter = CloneCounter()
+        self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
         self.alias = plan_aliasing(graph, self._keep)
         noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
-        self.nodes, node_of = partition(graph, noop)
+        # several places: a step commits its updates on every place or on none
+        self.atomic = not noop
+        self.nodes, node_of = partition(graph, noop, self.atomic)
+        block = graph.program.global_block()
+        self._persistables = [n for n in dict.fromkeys(
+            n for names in graph.vars for n in names)
+            if block.find_var(n) is not None and block.find_var(n).persistable]
         self.segments = [n for n in self.nodes if isinstance(n, Segment)]
         self.streams = None
         if contexts is not None and any(c is not None for c in contexts):
@@ -269,7 +310,7 @@ class CompiledRunner(GraphRunner):
                   if v.pending_ops}
         self.scopes = list(scopes)
         for seg in self.segments:
-            plan = _SegmentPlan(export, self.alias.copy, needed)
+            plan = _SegmentPlan(export, self.alias.copy, needed, self.step, seg.place_idx)
             seg.lowered = lower_segment(seg.handles, seg.place, self._scope_of(seg.place_idx),
                                         plan, self.counter, graph.program,
                                         f"{seg.place} segment {seg.id}")
@@ -366,7 +407,24 @@ class CompiledRunner(GraphRunner):
     def run(self, sync=None):
         """Run the step once; return {fetch name: [value per place]}."""
         self.counter.count = 0
-        return super().run(sync)
+        saved = None
+        if self.atomic:
+            # updates that rebind a persistable (batch norm's running statistics) are undone
+            # if the step fails; in-place updates run only once nothing else can fail
+            saved = [[(n, s.vars.get(n)) for n in self._persistables] for s in self.scopes]
+        try:
+            fetched = super().run(sync)
+        except BaseException:
+            if saved is not None:
+                for scope, binding in zip(self.scopes, saved, strict=True):
+                    for n, t in binding:
+                        if t is None:
+                            scope.vars.pop(n, None)
+                        else:
+                            scope.vars[n] = t
+            raise
+        self.step[0] += 1  # a failed step draws the same masks when it is run again
+        return fetched
 
 
 def _node_stream_key(node):

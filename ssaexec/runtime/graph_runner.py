@@ -49,6 +49,7 @@ class GraphRunner:
             self.streams = StreamSync(graph, contexts, sync)
         self.plan = DependencyPlan.from_graph(graph)
         self.fetched = {}
+        self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
         self._lock = threading.Lock()
         self._refs = []
         self._ref0, reader_slots, free_after, self._slots = self._memory_plan()
@@ -120,8 +121,8 @@ class GraphRunner:
         kind = op.kind
         if kind == "compute":
             call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
-            scope, place = self.scopes[op.place_idx], op.place
-            return lambda: call.run(scope, place)
+            scope, place, pi, step = self.scopes[op.place_idx], op.place, op.place_idx, self.step
+            return lambda: call.run(scope, place, step[0], pi)
         if kind == "scale_loss_grad":
             scope, name = self.scopes[op.place_idx], op.var_name
             shape, dtype, coeff = list(op.shape), torch_dtype(op.dtype), op.coeff
@@ -228,4 +229,6 @@ class GraphRunner:
         finally:
             if self.streams is not None:
                 self.streams.finish()
+        if type(self) is GraphRunner:
+            self.step[0] += 1  # only after success, as the compiled runner does
         return self.fetched

@@ -12,6 +12,7 @@ import torch
 from ..errors import OpError, SSAExecError
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR
+from .rng import needs_step_seed, op_seed, seeded
 
 __all__ = ["OpCall", "BlockContext"]
 
@@ -45,7 +46,7 @@ class OpCall:
     """A compiled op: kernel, input/output names per slot and completed attributes."""
 
     __slots__ = ("op", "op_def", "index", "attrs", "in_slots", "out_slots", "wanted", "kernel",
-                 "mode", "creates", "program", "device", "label")
+                 "mode", "creates", "program", "device", "label", "step_seeded")
 
     def __init__(self, op, index=None, program=None, device=None):
         self.op = op
@@ -64,9 +65,22 @@ class OpCall:
         self.program = program
         self.device = device
         self.label = f"op #{index} '{op.type}'" if index is not None else f"op '{op.type}'"
+        self.step_seeded = needs_step_seed(od, op)
 
-    def run(self, scope, place=None):
-        """Run against ``scope`` (anything with find_var/set_var)."""
+    def run(self, scope, place=None, step=None, place_idx=0):
+        """Run against ``scope`` (anything with find_var/set_var).
+
+        ``step`` and ``place_idx`` seed a random op (``runtime.rng``); without
+        ``step`` it draws from torch's global generator.
+        """
+        if self.step_seeded and step is not None:
+            seed = op_seed(self.program.random_seed if self.program is not None else 0,
+                           self.index or 0, place_idx, step)
+            with seeded(seed, self.device if self.device is not None else "cpu"):
+                return self._run(scope, place)
+        return self._run(scope, place)
+
+    def _run(self, scope, place):
         ins = {}
         find = scope.find_var
         for slot, names, dup in self.in_slots:
@@ -92,6 +106,11 @@ class OpCall:
             raise
         except Exception as e:
             raise self.error(e, ins, place) from e
+        if not isinstance(outs, dict):
+            where = f" on {place}" if place is not None else ""
+            raise OpError(f"While executing {self.label}{where}: the kernel returned "
+                          f"{type(outs).__name__} instead of its output slots (a dict of slot "
+                          "-> tensor)", self.op.type, place)
         setv = scope.set_var
         move = self.creates and self.device is not None and self.device.type != "cpu"
         for slot, names, dup in self.out_slots:

@@ -1,0 +1,68 @@
+"""Random ops draw from per-op, per-place, per-step seeds.
+
+Policy. A random op that transforms tensors (dropout, ``aten.native_dropout``,
+``aten.bernoulli`` ...: ``OpDef.is_random`` with at least one tensor input and
+no fixed ``seed`` attribute of its own) must not draw from torch's global
+generator in whatever order the scheduler's threads happen to reach it: its
+masks would change with the number of threads. Instead each call runs with the
+default generator of its device seeded by ``op_seed(program seed, op index,
+place index, step)`` (a SplitMix64 mix, as JAX splits keys), under one lock,
+and the generator's previous state is restored afterwards, so the caller's own
+random stream is untouched. Results are then identical for any thread count
+and between the compiled and the readable path.
+
+Random initialisers (no tensor input) keep their documented behaviour: a
+non-zero ``seed`` attribute picks a private generator, zero uses torch's global
+one as the user seeded it.
+"""
+
+import contextlib
+import threading
+
+import torch
+
+__all__ = ["op_seed", "seeded", "needs_step_seed"]
+
+_MASK = (1 << 64) - 1
+_LOCK = threading.Lock()
+
+
+def _mix(x):
+    # SplitMix64's finaliser: consecutive inputs give unrelated outputs
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def op_seed(program_seed, op_index, place_idx, step):
+    """The seed of one random op call (a non-negative 63-bit integer)."""
+    h = _mix(int(program_seed) & _MASK)
+    for part in (op_index, place_idx, step):
+        h = _mix(h ^ (int(part) & _MASK))
+    return h >> 1
+
+
+def needs_step_seed(op_def, op):
+    """Whether ``op`` draws through ``seeded`` (see the module docstring)."""
+    if not op_def.is_random or not any(op.input_names()):
+        return False
+    return not op.attrs.get("seed")
+
+
+@contextlib.contextmanager
+def seeded(seed, device):
+    """Run the body with ``device``'s default generator seeded by ``seed``, then restore it."""
+    device = torch.device(device)
+    with _LOCK:
+        if device.type == "cuda":
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            gen = torch.cuda.default_generators[idx]
+        else:
+            gen = torch.default_generator
+        state = gen.get_state()
+        gen.manual_seed(seed)
+        try:
+            yield
+        finally:
+            gen.set_state(state)
