@@ -1,4 +1,5 @@
-# ssaexec: `make demo` trains the example programs; `make test` runs the test suite.
+# ssaexec: `make demo` trains the example programs; `make test` runs the test suite;
+# `make fuzz` runs the program-file fuzzer with a long budget.
 # Both create .venv and install everything on first use.
 #
 # torch: on a machine without an NVIDIA GPU we install the CPU build of
@@ -24,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test bench install graphviz clean
+.PHONY: demo test bench fuzz install graphviz clean
 
 install: $(STAMP)
 
@@ -52,6 +53,13 @@ test: $(STAMP) graphviz
 
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py
+
+# The program-file fuzzer (tests/test_fuzz.py, docs/security.md) with a long budget;
+# `make test` runs it with 60 cases. It prints the number of cases tried.
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(STAMP)
+	SSAEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+		tests/test_fuzz.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

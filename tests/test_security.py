@@ -257,6 +257,27 @@ def test_attribute_rules():
         with pytest.raises(se.ProgramError, match=pattern) as info:
             program_from_text(err(op), source="p.ssa")
         assert str(info.value).startswith("p.ssa:6:"), info.value
+    # tensor references and @sym entries name inputs that exist
+    refs = [
+        ('aten.relu.default(X=x) {self="X[1]"}', "'X[1]' refers to input 1, but the op has 1 "
+                                                 "input in slot X"),
+        ('aten.view.default(X=x) {self="X[0]", size=["2*s1"], "@sym"=[["s0", 0, 0]]}',
+         "size expressions use ['s1'], which it does not bind"),
+        ('aten.view.default(X=x) {self="X[0]", size=["s0"], "@sym"=[["s0", 3, 0]]}',
+         "names no dimension"),
+        ('aten.view.default(X=x) {self="X[0]", size=["s0"], "@sym"=[["s0", 0]]}',
+         "entries are [symbol, input index, dim]"),
+        ('aten.view.default(X=x) {self="X[0]", size=["s0"], "@sym"=[["9s", 0, 0]]}',
+         "entries are [symbol, input index, dim]"),
+    ]
+    for op, pattern in refs:
+        with pytest.raises(se.ProgramError) as info:
+            program_from_text(err(op), source="p.ssa")
+        assert str(info.value).startswith("p.ssa:6:") and pattern in str(info.value), info.value
+    p = program_from_text(err('aten.view.default(X=x) {self="X[0]", size=["s0"], '
+                              '"@sym"=[["s0", 0, 1]]}'))
+    with pytest.raises(se.ProgramError, match="reads dimension 1 of 'x', which has 1"):
+        p.validate()
     # random ops are allowed without a generator, and marked random for the executor
     p = program_from_text(err('aten.bernoulli.p(X=x) {self="X[0]", p=0.5}'))
     p.validate()

@@ -218,22 +218,23 @@ def schema_problem(overload):
     return None
 
 
-def attr_problem(op_type, attrs):
+def attr_problem(op_type, attrs, n_inputs=None):
     """``(attribute name, clause)`` for the first attribute breaking the policy, or None.
 
     ``op_type`` is an allowed ATen type; ``attrs`` its attributes as read from
-    the file (see ``ssaexec.ops.aten`` for the encoding).
+    the file (see ``ssaexec.ops.aten`` for the encoding); ``n_inputs`` the number
+    of vars in its ``X`` slot, when known, to check ``"X[k]"`` and ``@sym``.
     """
     from .aten import SYM_ATTR, arg_kinds, resolve_overload
-    from .size_expr import parse_size_expr
     overload = resolve_overload(op_type)
     if overload is None:
         return None
     kinds = {name: kind for name, kind, _ in arg_kinds(overload)}
+    symbols = set()
     for name, value in attrs.items():
         kind = kinds.get(name)
         if name == SYM_ATTR or kind is None:
-            continue  # the validator checks @sym's form and refuses unknown names
+            continue  # @sym below; the validator refuses unknown names
         if kind == "generator" and value is not None:
             return name, ("a generator is not allowed: random ops draw from the place's "
                           "seeded generator (leave it out or null)")
@@ -245,21 +246,37 @@ def attr_problem(op_type, attrs):
         if kind in ("size", "tensor", "tensor_list"):
             # what the generic kernel decodes as numbers: a string that is not a tensor
             # reference is a size expression there (ssaexec.ops.aten)
-            bad = _size_problem(name, value, parse_size_expr)
+            bad = _size_problem(name, value, n_inputs, symbols)
             if bad:
                 return name, bad
+    bad = _sym_problem(attrs.get(SYM_ATTR), n_inputs, symbols)
+    if bad:
+        return SYM_ATTR, bad
     return None
 
 
-def _size_problem(name, value, parse):
-    # Size expressions must parse; literal sizes must fit a tensor.
+_REF = re.compile(r"X\[([0-9]{1,9})\]\Z")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _size_problem(name, value, n_inputs, symbols):
+    # Tensor references must name an input; size expressions must parse; literal sizes
+    # must fit a tensor.
+    from .size_expr import parse_size_expr
     flat = list(_flatten(value, 0))
     for v in flat:
-        if isinstance(v, str) and not (v.startswith("X[") and v.endswith("]")):
-            try:
-                parse(v)
-            except ProgramError as e:
-                return str(e)
+        if not isinstance(v, str):
+            continue
+        ref = _REF.match(v)
+        if ref:
+            if n_inputs is not None and int(ref.group(1)) >= n_inputs:
+                return f"{v!r} refers to input {ref.group(1)}, but the op has {n_inputs} " \
+                       f"input{'s' if n_inputs != 1 else ''} in slot X"
+            continue
+        try:
+            symbols.update(parse_size_expr(v)[1])
+        except ProgramError as e:
+            return str(e)
     ints = [v for v in flat if isinstance(v, int) and not isinstance(v, bool)]
     cap = get_limit("max_size_value")
     for v in ints:
@@ -274,6 +291,33 @@ def _size_problem(name, value, parse):
     return None
 
 
+def _sym_problem(binds, n_inputs, used):
+    # @sym: [[symbol, input index, dim], ...], binding every symbol the expressions use
+    if binds is None:
+        binds = []
+    if not isinstance(binds, list):
+        return "expected a list of [symbol, input index, dim] entries"
+    bound = set()
+    for entry in binds:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and _SYMBOL.match(entry[0])
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
+            return f"entries are [symbol, input index, dim], got {_clip(entry)}"
+        _, k, d = entry
+        if not 0 <= k < (n_inputs if n_inputs is not None else k + 1) or d < 0:
+            return f"entry {_clip(entry)} names no dimension of the op's {n_inputs} inputs"
+        bound.add(entry[0])
+    missing = used - bound
+    if missing:
+        return f"size expressions use {sorted(missing)}, which it does not bind"
+    return None
+
+
+def _clip(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _flatten(value, depth):
     if isinstance(value, list) and depth < 8:
         for v in value:
@@ -282,8 +326,16 @@ def _flatten(value, depth):
         yield value
 
 
-def op_problem(op_type, attrs):
+def op_problem(op_type, attrs, inputs=None):
     """The policy applied to one op as read from a file.
+
+    Parameters
+    ----------
+    op_type : str
+    attrs : dict
+        The op's attributes.
+    inputs : dict, optional
+        Its input slots (slot -> var names), to check ATen tensor references.
 
     Returns
     -------
@@ -295,7 +347,8 @@ def op_problem(op_type, attrs):
         why = denial(op_type)
         if why is not None:
             return None, _message(op_type, why)
-        bad = attr_problem(op_type, attrs)
+        n_inputs = None if inputs is None else len(inputs.get("X") or [])
+        bad = attr_problem(op_type, attrs, n_inputs)
         if bad is not None:
             return bad[0], f"op {op_type!r}: attribute {bad[0]!r}: {bad[1]}"
         return None

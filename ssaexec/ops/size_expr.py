@@ -21,7 +21,8 @@ characters and nests at most 32 deep; integer literals have at most 19
 digits; every intermediate value must stay within ``max_size_value`` (2**62,
 see ``ssaexec.limits``) and be finite, and the result within
 ``max_tensor_elements`` (it is a size, or a scalar computed from sizes);
-dividing by zero or a function outside its domain is an error. Every failure is a ``ProgramError`` quoting the text.
+dividing by zero or a function outside its domain is an error. Every failure is
+a ``ProgramError`` quoting the text.
 """
 
 import math

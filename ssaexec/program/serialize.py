@@ -477,7 +477,7 @@ def _decode_op(od, path):
     outputs = _decode_slots(od["outputs"], path + ["outputs"])
     _expect(isinstance(od["attrs"], dict), path + ["attrs"], "an object", od["attrs"])
     attrs = {k: _decode_attr(v, path + ["attrs", k]) for k, v in od["attrs"].items()}
-    bad = op_problem(od["type"], attrs)  # the operator policy, at load time
+    bad = op_problem(od["type"], attrs, inputs)  # the operator policy, at load time
     if bad is not None:
         where, message = bad
         raise _Malformed(path + (["type"] if where is None else ["attrs", where]), message)

@@ -485,9 +485,9 @@ class _Parser:
                 attr_toks.setdefault(key, tok)
                 return tok, key, self.value()
             attrs = self._unique(self.comma_list("}", attr, "an attribute"), "attribute")
-        bad = op_problem(op_type, attrs)  # the operator policy, at load time
+        bad = op_problem(op_type, attrs, inputs)  # the operator policy, at load time
         if bad is not None:
-            self.fail(type_tok if bad[0] is None else attr_toks[bad[0]], bad[1])
+            self.fail(attr_toks.get(bad[0], type_tok), bad[1])
         role = "forward"
         tok = self.peek()
         if tok.kind == "WORD" and tok.value.startswith("@"):

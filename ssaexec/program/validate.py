@@ -22,7 +22,8 @@ it, before that op's outputs count as written):
 
 Untrusted programs (docs/security.md): step 1 resolves ``aten.*`` types only
 through the operator policy (``ssaexec.ops.policy``), step 4 applies its
-attribute rules, declared shapes and inferred outputs must stay within
+attribute rules (and step 5 checks that an ATen op's ``@sym`` entries name
+existing input dimensions), declared shapes and inferred outputs must stay within
 ``max_tensor_elements`` (``ssaexec.limits``, -1 counted as 1), and inference
 runs on meta tensors only: validating never allocates a real tensor.
 
@@ -136,6 +137,7 @@ class _Validator:
             self._slots(op, op_def, where)
             self._attrs(op, op_def, where)
             self._declared(block, op, where)
+            self._sym_dims(block, op, where)
             self._reads(block, op, written, where)
             for sub in subs:
                 if sub not in self.visited:
@@ -203,7 +205,7 @@ class _Validator:
             if problem:
                 raise ProgramError(f"{where}: {problem}; hint: see the attrs of "
                                    f"get_op_def({op.type!r})")
-        bad = op_problem(op.type, op.attrs)
+        bad = op_problem(op.type, op.attrs, op.inputs)
         if bad is not None:
             raise ProgramError(f"{where}: {bad[1]}")
         for name, (kind, default) in op_def.attrs.items():
@@ -221,6 +223,24 @@ class _Validator:
                             f"{where}: {kind} slot {slot!r} names var {name!r}, which is not "
                             f"declared in block {block.idx} or its ancestors; hint: declare "
                             f"it with block.create_var({name!r}, shape, dtype)")
+
+    def _sym_dims(self, block, op, where):
+        # An ATen op's @sym entries [symbol, k, d] read dimension d of input X[k] at run
+        # time: it must exist (the form and k were checked with the operator policy).
+        binds = op.attrs.get("@sym") if op.type.startswith("aten.") else None
+        if not isinstance(binds, list):
+            return
+        xs = op.inputs.get("X") or []
+        for entry in binds:
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[1], int)
+                    and isinstance(entry[2], int) and 0 <= entry[1] < len(xs)):
+                continue
+            var = block.find_var(xs[entry[1]])
+            if var is not None and var.shape is not None and entry[2] >= len(var.shape):
+                raise ProgramError(
+                    f"{where}: attribute '@sym' entry {entry} reads dimension {entry[2]} of "
+                    f"{xs[entry[1]]!r}, which has {len(var.shape)}; hint: bind each symbol to "
+                    "an existing dimension of an input")
 
     # -- 6. data flow
     def _reads(self, block, op, written, where):
