@@ -248,14 +248,15 @@ class ParallelExecutor:
         return self._device_contexts
 
     def _runner(self, fetch):
-        runner = self._runners.get(fetch)
+        compiled = self.exec_strategy.compiled
+        runner = self._runners.get((fetch, compiled))
         if runner is None:
             graph = build_ssa_graph(self.program, self.places, self.build_strategy, list(fetch))
             graph.lint()
-            kind = CompiledRunner if self.exec_strategy.compiled else GraphRunner
+            kind = CompiledRunner if compiled else GraphRunner
             runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
                           self._contexts(), self.exec_strategy.sync)
-            self._runners[fetch] = runner
+            self._runners[(fetch, compiled)] = runner
         return runner
 
     def graph(self, fetch_list=None):

@@ -23,7 +23,11 @@ synchronises the op's device after every op (accurate, but serialising).
 
 The timer installs itself by replacing the entries of ``GraphRunner.fns``
 (the list the scheduler calls) and puts the originals back on exit; nothing
-in the runtime knows it is being traced.
+in the runtime knows it is being traced. Per-op slices need one function per
+op handle, so traced steps run on the readable path
+(``ExecutionStrategy(compiled=False)``): their timings show each op's own
+cost, not the compiled path's lower dispatch overhead (``bench/
+dispatch_overhead.py`` measures that).
 """
 
 import json
@@ -134,9 +138,20 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
     """
     feed_of = feeds if callable(feeds) else (lambda k: feeds)
     fetch = fetch_names(fetch_list)
+    # per-op timings need one function per op handle: the readable path, not the
+    # compiled segments (whose ops run as one generated function)
+    strategy = pe.exec_strategy
+    compiled, strategy.compiled = strategy.compiled, False
+    try:
+        return _trace(pe, feed_of, fetch, steps, warmup, cuda_sync, on_step)
+    finally:
+        strategy.compiled = compiled
+
+
+def _trace(pe, feed_of, fetch, steps, warmup, cuda_sync, on_step):
     for k in range(warmup):
         pe.run(fetch_list=list(fetch), feed=feed_of(k))
-    runner = pe._runner(fetch)  # the compiled graph pe.run uses for this fetch list
+    runner = pe._runner(fetch)  # the graph pe.run uses for this fetch list
     spans, fetched = [], []
     with OpTimer(runner, cuda_sync) as timer:
         for s in range(1, steps + 1):
