@@ -276,6 +276,7 @@ def ssaexec_steps(main, startup, fetch, loss_name, feeds, place):
 
 
 def _rows(times, per_call_ops, floor_name):
+    """Table rows from ``interleaved``'s times: per op, and per op above ``floor_name``'s."""
     floor = statistics.median(times[floor_name]) / per_call_ops
     rows = []
     for name, ts in times.items():
@@ -306,19 +307,26 @@ def whole_dispatch(cfg, place, sync):
 
     twins = load_twins()
     torch.manual_seed(0)
-    mlp = twins.WithLoss(twins.MLP(4, (4,) * 6, 4)).to(dev)
+    mlp = twins.WithLoss(twins.MLP(4, (4,) * 6, 4))
     g = torch.Generator().manual_seed(1)
-    feeds = {"img": torch.randn(4, 4, generator=g).to(dev),
-             "label": torch.randint(0, 4, (4, 1), generator=g).to(dev)}
+    feeds = {"img": torch.randn(4, 4, generator=g),
+             "label": torch.randint(0, 4, (4, 1), generator=g)}
     out.append(imported_case("imported MLP: 7 x Linear(4, 4) + ReLU, batch 4, SGD", mlp, feeds,
                              place, cfg, sync, cfg["repeats"], cfg["runs_per_window"] * 3))
     return out
 
 
 def imported_case(label, module, feeds, place, cfg, sync, repeats, calls):
-    """eager, the fx floor and ssaexec on ``se.from_torch(module)``: one training step each."""
+    """eager, the fx floor and ssaexec on ``se.from_torch(module)``: one training step each.
+
+    ``module`` (whose forward returns the loss) and ``feeds`` are on the CPU: the
+    capture happens there (the program is place-relative), then every mode runs
+    on ``place`` with the feeds already on its device.
+    """
     lr = 0.01
     main, startup, loss = se.from_torch(module, feeds, optimizer=se.optimizer.SGD(lr))
+    module = copy.deepcopy(module).to(place.device)
+    feeds = {k: v.to(place.device) for k, v in feeds.items()}
     n_ops = len(main.global_block().ops)
     floor, aten_calls = fx_floor(module, feeds, lr)
     steps = {"torch eager": eager_step(module, feeds, lr), "fx joint graph (floor)": floor}
@@ -341,15 +349,15 @@ def imported_case(label, module, feeds, place, cfg, sync, repeats, calls):
 # --- (c) the small imported transformer ---------------------------------------------------
 
 def transformer(cfg, place, sync):
+    """(c): the transformer of ``bench/torch_models.py``, one SGD training step a call."""
     twins = load_twins()
-    dev = place.device
     torch.manual_seed(0)
     model = twins.WithLoss(twins.Transformer(cfg["d_model"], cfg["heads"], cfg["layers"]))
-    model = model.to(dev).train()
+    model.train()
     g = torch.Generator().manual_seed(1)
     b, s, d = cfg["batch"], cfg["seq"], cfg["d_model"]
-    feeds = {"img": torch.randn(b, s, d, generator=g).to(dev),
-             "label": torch.randint(0, 10, (b, 1), generator=g).to(dev)}
+    feeds = {"img": torch.randn(b, s, d, generator=g),
+             "label": torch.randint(0, 10, (b, 1), generator=g)}
     res = imported_case(f"transformer: {cfg['layers']} layers, d_model {d}, {cfg['heads']} "
                         f"heads, batch {b} x seq {s}, SGD", model, feeds, place, cfg, sync,
                         cfg["repeats"], cfg["steps"])
@@ -360,6 +368,7 @@ def transformer(cfg, place, sync):
 # --- report -------------------------------------------------------------------------------
 
 def _print_imported(case):
+    """Print the table of an imported program (eager, fx floor, ssaexec)."""
     print(f"  {case['program']}: {case['ops']} ssaexec ops a step, {case['fx_aten_calls']} "
           "ATen calls in the fx graph")
     head = (f"  {'mode':<40} {'ms/step':>8} {'(min-max)':>15} {'x eager':>8} {'paired':>7} "
