@@ -213,18 +213,18 @@ def test_foreach_optimizers_equal_the_per_parameter_updates(kind, wd):
             assert torch.equal(a, b), slot
 
 
-@register_op("test_hot_path_returns_none", ["X"], ["Out"], grad=None)
+@register_op("_test_hot_path_returns_none", ["X"], ["Out"], grad=None)
 def _returns_none(ins, attrs):
     return None
 
 
-@register_op("test_hot_path_drops_a_slot", ["X"], ["Out"], grad=None)
+@register_op("_test_hot_path_drops_a_slot", ["X"], ["Out"], grad=None)
 def _drops_a_slot(ins, attrs):
     return {"Other": ins["X"]}
 
 
-@pytest.mark.parametrize("op_type,what", [("test_hot_path_returns_none", "returned"),
-                                          ("test_hot_path_drops_a_slot", "Out")])
+@pytest.mark.parametrize("op_type,what", [("_test_hot_path_returns_none", "returned"),
+                                          ("_test_hot_path_drops_a_slot", "Out")])
 def test_a_kernel_that_breaks_its_contract_is_an_op_error(op_type, what):
     main = se.Program()
     b = main.global_block()
