@@ -38,6 +38,7 @@ multi-process run the cores are divided among the machine's processes too.
 """
 
 import os
+import time
 import weakref
 
 import torch
@@ -127,6 +128,7 @@ class ParallelExecutor:
         self._collective = dist_collective or LocalCollective()
         self.distributed = dist_collective is not None
         self._runners = {}
+        self._probes = {}
         self._device_contexts = None
         self._prev_torch_threads = None
         self._set_torch_threads()
@@ -360,12 +362,31 @@ class ParallelExecutor:
             if self.distributed:
                 fetched = self._run_distributed(runner)
             else:
+                probe = self._threading_probe(runner)
+                t0 = time.perf_counter()
                 fetched = runner.run(self.exec_strategy.sync)
+                if probe is not None:
+                    probe.record(runner, time.perf_counter() - t0)
         except BaseException:
             self._forget_feed(per_place, replaced)
             raise
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _threading_probe(self, runner):
+        # Several CPU places of one process share the GIL: with tiny kernels the pool's
+        # threads mostly hand the GIL back and forth, with big ones they overlap kernels.
+        # Unless num_threads was given, time both ways on the first steps, keep the faster.
+        if self.exec_strategy.num_threads is not None or len(self.places) < 2 or \
+                any(p.is_cuda for p in self.places):
+            return None
+        probe = self._probes.get(id(runner))
+        if probe is None:
+            probe = self._probes[id(runner)] = _ThreadingProbe()
+        if probe.done:
+            return None
+        probe.before(runner)
+        return probe
 
     def _forget_feed(self, per_place, replaced):
         # a failed step's feed must not be reused by a later run that feeds nothing, and
@@ -437,3 +458,31 @@ class ParallelExecutor:
 
 def _shutdown(scheduler):
     scheduler.close()
+
+
+class _ThreadingProbe:
+    """Times a runner's first steps with the thread pool and in the caller's thread alone.
+
+    Step 1 (building, warming up) is not timed; steps 2-5 alternate the two ways;
+    from step 6 on the runner keeps the faster one (the minimum of its two steps).
+    Both ways give bit-identical results, so the choice only changes speed.
+    """
+
+    __slots__ = ("k", "times", "done")
+    _SCHEDULE = (False, False, True, False, True)  # inline? for steps 1..5
+
+    def __init__(self):
+        self.k = 0
+        self.times = {False: [], True: []}
+        self.done = False
+
+    def before(self, runner):
+        runner.inline = self._SCHEDULE[self.k]
+
+    def record(self, runner, seconds):
+        if self.k > 0:
+            self.times[runner.inline].append(seconds)
+        self.k += 1
+        if self.k == len(self._SCHEDULE):
+            runner.inline = min(self.times[True]) < min(self.times[False])
+            self.done = True

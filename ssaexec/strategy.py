@@ -81,7 +81,11 @@ class ExecutionStrategy:
     ----------
     num_threads : int
         Worker threads; 1 runs everything in the calling thread (debugging).
-        Default: number of places + 1, at most 8.
+        Default: number of places + 1, at most 8; with several CPU places the
+        executor also times its first steps run by the pool and run in the
+        calling thread alone (places share the GIL: with tiny kernels threads
+        mostly trade it back and forth) and keeps the faster way. Results are
+        bit-identical either way.
     sync : {"event", "wait"}
         CUDA only: cross-stream edges wait on events (non-blocking) or synchronise
         the producer's stream (easy to debug). Switchable between runs.

@@ -286,6 +286,7 @@ class CompiledRunner(GraphRunner):
         self._refs = []
         self.counter = CloneCounter()
         self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
+        self.inline = False  # run in the caller's thread only (see ParallelExecutor)
         self.alias = plan_aliasing(graph, self._keep)
         noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
         # several places: a step commits its updates on every place or on none

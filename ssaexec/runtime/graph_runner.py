@@ -50,6 +50,7 @@ class GraphRunner:
         self.plan = DependencyPlan.from_graph(graph)
         self.fetched = {}
         self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
+        self.inline = False  # run in the caller's thread only (see ParallelExecutor)
         self._lock = threading.Lock()
         self._refs = []
         self._ref0, reader_slots, free_after, self._slots = self._memory_plan()
@@ -225,7 +226,7 @@ class GraphRunner:
                 self.streams.sync = sync
             self.streams.start()
         try:
-            self.scheduler.run(self.plan, self.fns)
+            self.scheduler.run(self.plan, self.fns, self.inline)
         finally:
             if self.streams is not None:
                 self.streams.finish()

@@ -156,8 +156,11 @@ class Scheduler:
         return self._closed
 
     # --- running ----------------------------------------------------------------------
-    def run(self, plan, fns):
-        """Run every op of ``plan`` (``fns[i]()`` runs op ``i``); re-raise the first error."""
+    def run(self, plan, fns, inline=False):
+        """Run every op of ``plan`` (``fns[i]()`` runs op ``i``); re-raise the first error.
+
+        ``inline`` runs this plan in the calling thread only, as ``num_threads=1`` does.
+        """
         if plan.n == 0:
             return
         if len(fns) != plan.n:
@@ -169,7 +172,7 @@ class Scheduler:
             run = _Run(plan, fns)
             roots = plan.roots
             run.inflight = len(roots)
-            if self.num_threads == 1:
+            if self.num_threads == 1 or inline:
                 self._run_sync(run)
             else:
                 self._ensure_workers()
