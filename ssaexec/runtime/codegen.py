@@ -416,16 +416,7 @@ def _emit_handle(em, h, plan):
             _bind(em, v, f"_r[{j}]", plan, h, inputs=xs)
         return 1
     # a hand-written op: its kernel takes a dict of slots
-    parts = []
-    for s in od.inputs:
-        if s.name not in op.inputs:
-            continue
-        names = op.input(s.name)
-        if s.duplicable:
-            parts.append(f"{s.name!r}: [{', '.join(_load(em, by_name[n], h) for n in names)}]")
-        else:
-            parts.append(f"{s.name!r}: {_load(em, by_name[names[0]], h)}")
-    ins_src = "{" + ", ".join(parts) + "}"
+    ins_src = _slots_src(od, op, lambda n: _load(em, by_name[n], h))
     kernel = od.raw_kernel if od.may_alias else od.kernel
     k = em.const(kernel, "k")
     a = em.const(attrs, "a")
@@ -457,6 +448,20 @@ def _emit_handle(em, h, plan):
     return 1
 
 
+def _slots_src(od, op, local):
+    """Source of the dict literal a hand-written kernel takes: slot -> local (list)."""
+    parts = []
+    for s in od.inputs:
+        if s.name not in op.inputs:
+            continue
+        names = op.input(s.name)
+        if s.duplicable:
+            parts.append(f"{s.name!r}: [{', '.join(local(n) for n in names)}]")
+        else:
+            parts.append(f"{s.name!r}: {local(names[0])}")
+    return "{" + ", ".join(parts) + "}"
+
+
 def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
     # sub-blocks read outer names through the scope: store every input first
     for v in by_name.values():
@@ -466,16 +471,8 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
     call = OpCall(op, h.op_index, em.program, em.device)
     scope_of, place = em.scope_of, em.place
     ctx = BlockContext(op, lambda idx, env: call._run_block(idx, env, scope_of(), place))
-    parts = []
-    for s in od.inputs:
-        if s.name not in op.inputs:
-            continue
-        names = op.input(s.name)
-        if s.duplicable:
-            parts.append(f"{s.name!r}: [{', '.join(em.local[id(by_name[n])] for n in names)}]")
-        else:
-            parts.append(f"{s.name!r}: {em.local[id(by_name[names[0]])]}")
-    em.emit(f"_o = {em.const(od.kernel, 'k')}({{{', '.join(parts)}}}, {em.const(attrs, 'a')}, "
+    ins_src = _slots_src(od, op, lambda n: em.local[id(by_name[n])])
+    em.emit(f"_o = {em.const(od.kernel, 'k')}({ins_src}, {em.const(attrs, 'a')}, "
             f"{em.const(ctx, 'ctx')})", h)
     for s in od.outputs:
         if s.name not in op.outputs:
