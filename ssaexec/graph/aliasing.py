@@ -7,8 +7,9 @@ to copy every aliasing result at run time. This pass decides on the graph
 instead, the way functionalization reasons about views:
 
 * **Alias classes.** Var versions are joined when an op's result may alias
-  one of its inputs (``OpDef.may_alias``) or when an op rewrites a version in
-  place (an ``inplace`` op's output of the same name, a collective's output).
+  one of its inputs (``OpDef.may_alias``: any input for ATen views, the
+  cotangent inputs for vjp grads) or when an op rewrites a version in place
+  (an ``inplace`` op's output of the same name, a collective's output).
 * **In-place writers.** For every version ``v`` that a handle ``W`` rewrites
   in place, every other member of ``v``'s class that exists before ``W``
   (is not downstream of it) is read by handles that must run before ``W``:
@@ -46,12 +47,31 @@ class AliasPlan:
         return f"AliasPlan(copy={len(self.copy)}, edges={self.edges}, classes={self.classes})"
 
 
-def _may_alias(op):
-    """Whether compute handle ``op``'s results may share storage with its inputs."""
+def _alias_pairs(op):
+    """``(result, input)`` version pairs of compute handle ``op`` that may share storage.
+
+    ``OpDef.may_alias`` is True (any result with any input: ATen views) or a dict
+    of output slot -> input slots (a vjp grad may hand back its cotangent).
+    """
     if op.kind != "compute":
-        return False
-    op_def = get_op_def(op.op.type)
-    return bool(getattr(op_def, "may_alias", False))
+        return []
+    rule = getattr(get_op_def(op.op.type), "may_alias", False)
+    if not rule:
+        return []
+    ins = [v for v in op.inputs if not v.is_dummy]
+    outs = [v for v in op.outputs if not v.is_dummy]
+    if rule is True:
+        return [(o, i) for o in outs for i in ins]
+    by_name = {v.name: v for v in ins}
+    out_by_name = {v.name: v for v in outs}
+    pairs = []
+    for out_slot, in_slots in rule.items():
+        for o in (out_by_name.get(n) for n in op.op.output(out_slot)):
+            if o is None:
+                continue
+            for slot in in_slots:
+                pairs.extend((o, by_name[n]) for n in op.op.input(slot) if n in by_name)
+    return pairs
 
 
 def inplace_pairs(op):
@@ -98,16 +118,10 @@ def plan_aliasing(graph, outlive=()):
     linked = set()  # ids of versions made by a may-alias op
     writers = []
     for op in graph.ops:
-        if _may_alias(op):
-            ins = [v for v in op.inputs if not v.is_dummy]
-            for o in op.outputs:
-                if o.is_dummy:
-                    continue
-                handles[id(o)] = o
-                linked.add(id(o))
-                for i in ins:
-                    handles[id(i)] = i
-                    uf.union(id(o), id(i))
+        for o, i in _alias_pairs(op):
+            handles[id(o)], handles[id(i)] = o, i
+            linked.add(id(o))
+            uf.union(id(o), id(i))
         pairs = inplace_pairs(op)
         if pairs:
             writers.append((op, pairs))

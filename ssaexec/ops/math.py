@@ -8,7 +8,7 @@ starting at ``axis``. Gradients reduce back to each operand's shape.
 import torch
 import torch.nn.functional as F
 
-from .registry import register_grad, register_op
+from .registry import get_op_def, register_grad, register_op
 
 _F = "float"
 
@@ -52,29 +52,34 @@ _elementwise("elementwise_min", torch.minimum)
 _elementwise("elementwise_pow", torch.pow)
 
 
-def _add_sub_grad(sign):
+def _add_sub_grad(sign, fresh=True):
     def grad(ins, attrs, wanted):
         x, y, g = ins["X"], ins["Y"], ins["Out@GRAD"]
         out = {}
         if wanted.get("X@GRAD", [False])[0]:
             gx = _sum_to(g, x.shape)
             # never hand back Out@GRAD itself: X@GRAD and Y@GRAD are separate vars,
-            # and an in-place all-reduce of one must not change the other
-            out["X@GRAD"] = gx.clone() if gx is g else gx
+            # and an in-place all-reduce of one must not change the other (the
+            # compiled path decides that on the graph instead: raw kernel, may_alias)
+            out["X@GRAD"] = gx.clone() if fresh and gx is g else gx
         if wanted.get("Y@GRAD", [False])[0]:
             y_al = _align_y(x, y, attrs["axis"])
             gy = _sum_to(g, y_al.shape)
             if sign < 0:
                 gy = -gy
-            elif gy is g:
+            elif fresh and gy is g:
                 gy = gy.clone()
             out["Y@GRAD"] = gy.reshape(y.shape)
         return out
     return grad
 
 
-register_grad("elementwise_add", uses=["X", "Y"])(_add_sub_grad(1))
-register_grad("elementwise_sub", uses=["X", "Y"])(_add_sub_grad(-1))
+for _type, _sign in (("elementwise_add", 1), ("elementwise_sub", -1)):
+    register_grad(_type, uses=["X", "Y"])(_add_sub_grad(_sign))
+    _gdef = get_op_def(_type + "_grad")
+    # a residual's gradient is Out@GRAD itself
+    _gdef.may_alias = {"X@GRAD": ["Out@GRAD"], "Y@GRAD": ["Out@GRAD"]}
+    _gdef.raw_kernel = _add_sub_grad(_sign, fresh=False)
 
 
 def _flatten2(t, num_col_dims):

@@ -122,8 +122,9 @@ class OpDef:
         # control ops (sub-blocks) take (ins, attrs, ctx); ctx.run_block runs a block
         self.is_control = False
         self.doc = doc
-        # may a result share storage with an input? Then ``raw_kernel`` is the kernel
-        # without its run-time copy, for executors that decide aliasing on the graph
+        # may a result share storage with an input (True: any with any; or a dict of
+        # output slot -> input slots)? Then ``raw_kernel`` is the kernel without its
+        # run-time copy, for executors that decide aliasing on the graph
         # (graph.aliasing); ``kernel`` itself always returns fresh tensors.
         self.may_alias = False
         self.raw_kernel = kernel
@@ -295,7 +296,9 @@ def _register_auto_grad(fwd):
         return vjp_kernel(ins, attrs, wanted, False)
 
     gdef = _REGISTRY[fwd.type + "_grad"] = _make_grad_def(fwd, vjp_kernel, uses)
-    gdef.may_alias = True
+    # a vjp result is a function of the cotangents: at most one of them, or a view
+    cotangents = [s.name for s in gdef.inputs if s.name.endswith("@GRAD")]
+    gdef.may_alias = {s.name: cotangents for s in gdef.outputs}
     gdef.raw_kernel = vjp_raw
     fwd.grad_uses = uses
 
