@@ -113,3 +113,43 @@ def test_random_stream_assignment_never_reads_early():
             assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), it
     finally:
         sched.close()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_compiled_path_is_bit_identical_to_the_readable_path_on_cuda(n):
+    """Prepared calls on CUDA streams give exactly what the per-op path gives."""
+    main, startup, loss = build_cnn("float32", make_optimizer("adam", 0.01), size=8,
+                                    filters=(4, 6))
+    xs, ys = _data(4 * n, [1, 8, 8], seed=7)
+    runs = []
+    for compiled in (True, False):
+        with se.ParallelExecutor(_places(n), main, startup, loss,
+                                 exec_strategy=se.ExecutionStrategy(compiled=compiled),
+                                 scope=se.Scope()) as pe:
+            losses = [pe.run([loss], feed={"img": x, "label": y})[0]
+                      for x, y in zip(xs, ys, strict=True)]
+            params = {p.name: pe.local_scopes[-1].find_var(p.name).cpu()
+                      for p in main.all_parameters()}
+        runs.append((losses, params))
+    for a, b in zip(runs[0][0], runs[1][0], strict=True):
+        assert torch.equal(a, b)
+    for name in runs[0][1]:
+        assert torch.equal(runs[0][1][name], runs[1][1][name]), name
+
+
+def test_imported_transformer_on_cuda_copies_nothing():
+    import torch.nn as nn
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+                          nn.Flatten(), nn.Linear(16 * 6, 5))
+    x, y = torch.randn(4, 6, 16), torch.randint(0, 5, (4,))
+    main, startup, loss = se.from_torch(model, {"x": x, "target": y}, loss_fn=F.cross_entropy,
+                                        optimizer=se.optimizer.SGD(0.05))
+    with se.ParallelExecutor(_places(1), main, startup, loss, scope=se.Scope()) as pe:
+        for _ in range(3):
+            lv, = pe.run([loss], feed={"x": x, "target": y})
+        runner = pe._runner((loss,))
+        assert runner.clones == 0 and len(runner.segments) == 1
+        assert torch.isfinite(lv)
