@@ -81,10 +81,12 @@ SCHEMA = "ssaexec-bench/1"
 # Presets fill in every setting the command line leaves out.
 PRESETS = {
     # make bench: ResNet-18 on CIFAR-shaped data, < 5 min on 2 CPU cores.
-    "default": dict(model="resnet18", image_size=32, batch_per_place=32, warmup=2, steps=2,
+    # (3 warm-up steps: a ParallelExecutor of several CPU places times its first 3 steps to
+    # choose between its thread pool and the calling thread)
+    "default": dict(model="resnet18", image_size=32, batch_per_place=32, warmup=3, steps=2,
                     repeats=5),
     # make demo: the same model at a quarter of the width, ~30-60 s on 2 CPU cores.
-    "quick": dict(model="resnet18", image_size=32, base=16, batch_per_place=16, warmup=1,
+    "quick": dict(model="resnet18", image_size=32, base=16, batch_per_place=16, warmup=3,
                   steps=3, repeats=2),
     # tests: a tiny MLP, seconds.
     "tiny": dict(model="mlp", in_dim=32, hidden="16", batch_per_place=8, warmup=1, steps=2,

@@ -463,13 +463,13 @@ def _shutdown(scheduler):
 class _ThreadingProbe:
     """Times a runner's first steps with the thread pool and in the caller's thread alone.
 
-    Step 1 (building, warming up) is not timed; steps 2-5 alternate the two ways;
-    from step 6 on the runner keeps the faster one (the minimum of its two steps).
-    Both ways give bit-identical results, so the choice only changes speed.
+    Step 1 (building, warming up) is not timed; step 2 runs in the caller's thread
+    alone, step 3 on the pool; from step 4 on the runner keeps the faster way. Both
+    ways give bit-identical results, so the choice only changes speed.
     """
 
     __slots__ = ("k", "times", "done")
-    _SCHEDULE = (False, False, True, False, True)  # inline? for steps 1..5
+    _SCHEDULE = (False, True, False)  # inline? for steps 1..3
 
     def __init__(self):
         self.k = 0
