@@ -122,8 +122,8 @@ TARGETS = [
 # --- helpers shared by parent and workers --------------------------------------------------
 
 def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    from .runtime.place import available_cores
+    return available_cores()
 
 
 def _repo_root():

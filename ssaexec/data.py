@@ -31,7 +31,7 @@ class _Failure:
 
 
 def _split(t, n, name):
-    from .parallel_executor import split_batch
+    from .feed import split_batch
     return split_batch(t, n, name)
 
 

@@ -101,8 +101,8 @@ def _seconds(timeout):
 
 
 def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    from .runtime.place import available_cores
+    return available_cores()
 
 
 def _default_backend(places):
@@ -408,7 +408,7 @@ def shard_batch(batch, rank=None, world_size=None):
     ``r*P ..`` would train in one process with ``world_size * P`` places.
     ``batch`` is a tensor or a feed dict; values with no dims are kept whole.
     """
-    from .parallel_executor import split_batch
+    from .feed import split_batch
     r, w = _rank_world(rank, world_size)
     if isinstance(batch, dict):
         return {k: shard_batch(v, r, w) for k, v in batch.items()}

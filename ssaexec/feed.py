@@ -11,7 +11,7 @@ import torch
 from .errors import FeedError
 from .program.desc import torch_dtype
 
-__all__ = ["check_feed", "to_tensor"]
+__all__ = ["check_feed", "to_tensor", "split_batch"]
 
 
 def to_tensor(name, value, var):
@@ -65,3 +65,14 @@ def check_feed(program, feed, required=()):
         raise FeedError(f"data var {missing[0]!r} was not fed (expected shape {var.shape}, "
                         f"dtype {var.dtype})")
     return out
+
+
+def split_batch(tensor, n, name="feed"):
+    """Split ``tensor`` along dim 0 into ``n`` parts as evenly as possible (views)."""
+    b = tensor.shape[0]
+    if b < n:
+        raise FeedError(f"feed {name!r} has batch size {b} but there are {n} places: every "
+                        "place needs at least one sample")
+    base, extra = divmod(b, n)
+    sizes = [base + (1 if i < extra else 0) for i in range(n)]
+    return list(torch.split(tensor, sizes))

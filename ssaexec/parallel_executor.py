@@ -37,7 +37,6 @@ with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
 multi-process run the cores are divided among the machine's processes too.
 """
 
-import os
 import time
 import weakref
 
@@ -46,34 +45,18 @@ import torch
 from . import distributed as _distributed
 from .errors import DistributedError, FeedError, SSAExecError
 from .executor import Executor, fetch_names
-from .feed import check_feed
+from .feed import check_feed, split_batch
 from .graph.build import build_ssa_graph
 from .program.desc import Program
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
-from .runtime.place import cpu_places, cuda_places
+from .runtime.place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
 from .runtime.scope import Scope, global_scope
 from .strategy import BuildStrategy, ExecutionStrategy
 
 __all__ = ["ParallelExecutor", "split_batch"]
-
-
-def split_batch(tensor, n, name="feed"):
-    """Split ``tensor`` along dim 0 into ``n`` parts as evenly as possible."""
-    b = tensor.shape[0]
-    if b < n:
-        raise FeedError(f"feed {name!r} has batch size {b} but there are {n} places: every "
-                        "place needs at least one sample")
-    base, extra = divmod(b, n)
-    sizes = [base + (1 if i < extra else 0) for i in range(n)]
-    return list(torch.split(tensor, sizes))
-
-
-def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
 
 class ParallelExecutor:
@@ -151,7 +134,7 @@ class ParallelExecutor:
         # the cores are shared by this machine's processes too (torchrun's LOCAL_WORLD_SIZE)
         share = len(cpu) * (_distributed.local_world_size() if self.distributed else 1)
         if want is None and share > 1:
-            want = max(1, _cores() // share)
+            want = max(1, available_cores() // share)
         if want is not None and want != torch.get_num_threads():
             self._prev_torch_threads = torch.get_num_threads()
             torch.set_num_threads(want)

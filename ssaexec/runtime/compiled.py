@@ -34,8 +34,6 @@ cross-stream events are recorded only on node edges that cross streams
 
 import threading
 
-import torch
-
 from ..graph.aliasing import plan_aliasing
 from ..graph.ssa import COLLECTIVE_KINDS
 from .codegen import CloneCounter, lower_segment

@@ -69,12 +69,17 @@ class CUDAPlace(Place):
         return torch.device("cuda", self.device_index)
 
 
+def available_cores():
+    """CPU cores this process may run on (its affinity mask where the OS has one), >= 1."""
+    import os
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, n or 1)
+
+
 def cpu_places(n=None):
     """``n`` CPU places (default: the number of cores, at least 1)."""
-    import os
     if n is None:
-        n = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                else os.cpu_count() or 1)
+        n = available_cores()
     if n < 1:
         raise SSAExecError(f"cpu_places needs n >= 1, got {n}")
     return [CPUPlace(i) for i in range(n)]
