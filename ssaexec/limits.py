@@ -25,7 +25,6 @@ above real models: 2**31 elements is an 8 GiB float32 tensor.
 """
 
 import contextlib
-import math
 import os
 
 __all__ = ["DEFAULTS", "get_limit", "set_limits", "limits", "shape_problem", "numel_problem"]
@@ -141,3 +140,20 @@ def _short_int(v):
 def _short(shape):
     text = "[" + ", ".join(_short_int(d) for d in shape[:8]) + (", ...]" if len(shape) > 8 else "]")
     return text if len(text) <= 60 else text[:57] + "...]"
+
+
+def cap_sizes(sizes, op_type):
+    """``sizes`` (a size list computed at run time) if their product fits one tensor.
+
+    ``ProgramError`` otherwise: a program could ask for ``s0**4`` elements through
+    four batch-sized factors, each of which is within bounds on its own.
+    """
+    numel = 1
+    for d in sizes:
+        if type(d) is int and d > 0:
+            numel *= d
+    problem = numel_problem(numel, f"the size list {list(sizes[:8])} of op {op_type!r}")
+    if problem is not None:
+        from .errors import ProgramError
+        raise ProgramError(problem)
+    return sizes

@@ -596,3 +596,21 @@ def test_malformed_files_are_program_errors_with_a_position(tmp_path, capsys, na
     status = cli.main(["dump", str(path)])
     err = capsys.readouterr().err
     assert status == 2 and len(err.strip().splitlines()) == 1 and "internal error" not in err
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_run_time_size_lists_are_capped_as_a_product(compiled):
+    """Four batch-sized factors pass one by one; their product may not."""
+    main = se.Program()
+    block = main.global_block()
+    block.create_var("x", shape=[-1, 2], dtype="float32", is_data=True)
+    block.create_var("big", shape=None, dtype="float32")
+    block.append_op("aten.new_zeros.default", {"X": ["x"]}, {"Out": ["big"]},
+                    {"self": "X[0]", "size": ["s0", "s0", "s0", "s0"],
+                     "@sym": [["s0", 0, 0]]})
+    main.validate()
+    exe = se.Executor(compiled=compiled)
+    small, = exe.run(main, feed={"x": torch.ones(5, 2)}, fetch_list=["big"], scope=se.Scope())
+    assert small.shape == (5, 5, 5, 5)
+    with pytest.raises(se.ProgramError, match="more than one tensor may hold"):
+        exe.run(main, feed={"x": torch.ones(300, 2)}, fetch_list=["big"], scope=se.Scope())

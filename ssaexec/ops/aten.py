@@ -68,7 +68,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProgramError
-from ..limits import get_limit, numel_problem
+from ..limits import cap_sizes, get_limit, numel_problem
 from ..program.desc import DTYPES, dtype_name, torch_dtype
 from .policy import check_op_type
 from .registry import REQUIRED, OpDef, register_op, unaliased
@@ -227,6 +227,10 @@ class _Compiled:
             if all(getattr(p, "const", False) for p in parts):
                 v = [p(None, None) for p in parts]
                 return _const(v)
+            if kind == "size" and any(isinstance(v, str) for v in value):
+                # sizes computed from the batch: cap their product before the kernel runs
+                op_type = where.split(":")[0]
+                return lambda xs, env: cap_sizes([p(xs, env) for p in parts], op_type)
             return lambda xs, env: [p(xs, env) for p in parts]
         if _is_ref(value):
             if kind not in ("tensor", "tensor_list"):

@@ -35,6 +35,7 @@ import itertools
 import torch
 
 from ..errors import OpError, SSAExecError
+from ..limits import cap_sizes
 from ..ops import aten as _aten
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
@@ -160,7 +161,7 @@ class _Emitter:
         self.scope_of = scope_of
         self.program = program
         self.ns = {"_full": torch.full, "_Unbound": _Unbound, "_flat": _flat,
-                   "_fresh": _fresh(counter)}
+                   "_fresh": _fresh(counter), "_cap": cap_sizes}
         self.body = []
         self.lines = {}
         self.local = {}      # id(VarHandle) -> local name
@@ -218,7 +219,12 @@ def _aten_expr(em, handle, xs, attrs):
 
     def value(kind, v):
         if isinstance(v, list):
-            return "[" + ", ".join(value(kind, x) for x in v) + "]"
+            src = "[" + ", ".join(value(kind, x) for x in v) + "]"
+            if kind == "size" and any(isinstance(x, str) for x in v):
+                # sizes computed from the batch: cap their product before the kernel
+                # allocates (a file could ask for s0**4 elements through four factors)
+                src = f"_cap({src}, {handle.op.type!r})"
+            return src
         if _aten._is_ref(v):
             return xs[int(v[2:-1])]
         if isinstance(v, str):
