@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test bench fuzz install graphviz clean
+.PHONY: demo test test-fast bench fuzz install graphviz clean
 
 install: $(STAMP)
 
@@ -50,6 +50,10 @@ demo: $(STAMP)
 
 test: $(STAMP) graphviz
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# everything but the tests marked slow (real processes, benchmarks, big models): < 1 min
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py

@@ -83,6 +83,7 @@ def test_from_torch_flag_without_frontend_errors_clearly():
         pytest.skip("ssaexec.frontends.torch.from_torch exists")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_harness_runs_every_mode(tmp_path, capsys):
     """Acceptance: a tiny model, a couple of steps, every mode; schema and training checked."""
@@ -158,6 +159,7 @@ def test_scheduler_overhead_script(tmp_path, capsys):
 
 
 
+@pytest.mark.slow
 def test_failing_mode_is_reported_not_hidden(tmp_path, capsys):
     # batch 1 on an 8x8 image: torch's batch norm refuses a single value per channel
     out = tmp_path / "fail.json"

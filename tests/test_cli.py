@@ -272,6 +272,7 @@ def test_viz_svg_without_graphviz(cli, tmp_path, name):
     assert "all_reduce(" in text and "cpu:1" in text
 
 
+@pytest.mark.slow
 def test_viz_png_with_no_dot_on_path(tmp_path):
     # a real subprocess whose PATH has no Graphviz at all
     empty = tmp_path / "bin"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the benchmarks end to end
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -29,7 +29,7 @@ WORKER = os.path.join(REPO, "tests", "dist_worker.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 WORLD = 2
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # real processes
 
 
 def _free_port():

@@ -181,6 +181,7 @@ def _close(a, b):
 # --- acceptance 1: MLP and transformer against eager on the whole batch ------------------------
 @pytest.mark.parametrize("name,opt_name", [("mlp", "sgd"), ("mlp", "adam"), ("encoder", "sgd"),
                                            ("encoder", "adam"), ("zoo", "sgd")])
+@pytest.mark.slow
 def test_matches_eager_on_the_concatenated_batch(name, opt_name):
     model, batches, main0, startup0, loss = _captured(name)
     main, startup = _with_optimizer(main0, startup0, _se_optimizer(opt_name))
@@ -296,6 +297,7 @@ def ddp_reference():
                 for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 def test_resnet18_matches_ddp_with_per_replica_batch_norm(ddp_reference, opt_name):
     model, batches, main0, startup0, loss = _captured("resnet")

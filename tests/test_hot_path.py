@@ -83,6 +83,7 @@ class _Conv(nn.Module):
         return self.fc(F.relu(self.bn(self.c(x))).flatten(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,shape", [(_Tr, (4, 6, 16)), (_Conv, (4, 3, 6, 6))])
 @pytest.mark.parametrize("opt", ["sgd", "momentum", "adam"])
 def test_imported_models_bit_identical_and_copy_free(model, shape, opt):

@@ -37,6 +37,7 @@ def _logging_fns(n, log, rng):
     return [make(i) for i in range(n)]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(dags(), st.integers(1, 8), st.integers(0, 2**32 - 1))
 def test_every_op_runs_once_after_its_producers(dag, threads, seed):

@@ -107,6 +107,7 @@ def _check_refusal(status, stderr, program):
 
 
 # --- the file-writing program -------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("program", ["evil.ssa", "evil.json"])
 @pytest.mark.parametrize("command", ["dump", "run"])
@@ -118,6 +119,7 @@ def test_file_writing_program_refused_by_the_console_script(sandbox, program, co
     _check_refusal(r.returncode, r.stderr, program)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_file_writing_program_refused_by_python_m_convert(sandbox):
     tmp, target = sandbox
@@ -369,6 +371,7 @@ def _importer_cases():
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_op_from_torch_emits_for_real_models_is_allowed():
     emitted = {}

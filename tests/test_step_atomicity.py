@@ -77,6 +77,7 @@ def _executor(main, startup, loss, n, threads=None):
     return pe
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n_places", [2, 4])
 def test_random_faults_never_leave_places_apart(n_places):
