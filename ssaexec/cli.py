@@ -799,7 +799,7 @@ def _executor_setup(args):
                           loss_name=loss, build_strategy=_build_strategy(args),
                           exec_strategy=ExecutionStrategy(num_threads=args.threads),
                           scope=Scope())
-    threads = pe._scheduler.num_threads if hasattr(pe, "_scheduler") else args.threads
+    threads = pe.num_threads
     notes = {"places": ", ".join(str(p) for p in places), "threads": threads,
              "init": init_note, "feed": feed_note}
     return pe, main, loss, feed_of, batch, notes

@@ -114,13 +114,13 @@ def main():
         from ssaexec.runtime.dist_collective import ProcessGroupCollective
         commands = ProcessGroupCollective(dist.new_group(backend="gloo",
                                                          timeout=COMMAND_TIMEOUT))
-        coll = sd._collective()
+        coll = sd.collective()
 
         def next_line():
             box = [None]
             if rank == 0:
                 box[0] = (sys.stdin.readline() or "exit").strip()
-            commands._call("command broadcast", lambda: dist.broadcast_object_list(
+            commands.call("command broadcast", lambda: dist.broadcast_object_list(
                 box, src=0, group=commands.group))
             return box[0]
 

@@ -38,7 +38,7 @@ from .errors import DistributedError
 from .strategy import BuildStrategy
 
 __all__ = ["init", "shutdown", "abort", "is_initialized", "info", "rank", "world_size",
-           "local_rank", "local_world_size", "local_places", "build_strategy", "shard",
+           "collective", "local_rank", "local_world_size", "local_places", "build_strategy", "shard",
            "shard_batch", "average", "barrier", "debug_enabled", "DistributedInfo",
            "DEFAULT_TIMEOUT", "DEBUG_ENV"]
 
@@ -420,7 +420,9 @@ def shard_batch(batch, rank=None, world_size=None):
     return split_batch(batch, w, "batch")[r]
 
 
-def _collective():
+def collective():
+    """A ``ProcessGroupCollective`` over this run's process group (``DistributedError``
+    when there is no usable group)."""
     from .runtime.dist_collective import ProcessGroupCollective
     if not is_initialized():
         i = _info
@@ -440,7 +442,7 @@ def average(value):
     t = t.to(torch.float64) if not t.is_floating_point() else t.clone()
     if world_size() == 1 and not is_initialized():
         return t.cpu()
-    coll = _collective()
+    coll = collective()
     dev = torch.device("cuda", torch.cuda.current_device()) if coll.backend == "nccl" else \
         torch.device("cpu")  # gloo, or a mixed backend whose CPU part is gloo
     buf = t.to(dev)
@@ -453,5 +455,5 @@ def barrier():
     if world_size() == 1 and not is_initialized():
         return
     dist = _dist()
-    coll = _collective()
-    coll._call("barrier", lambda: dist.barrier(async_op=True))
+    coll = collective()
+    coll.call("barrier", lambda: dist.barrier(async_op=True))

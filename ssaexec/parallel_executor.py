@@ -37,6 +37,8 @@ with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
 multi-process run the cores are divided among the machine's processes too.
 """
 
+import contextlib
+import threading
 import time
 import weakref
 
@@ -248,6 +250,35 @@ class ParallelExecutor:
         """The SSA graph used for ``fetch_list`` (built on first use)."""
         return self._runner(fetch_names(fetch_list)).graph
 
+    @property
+    def num_threads(self):
+        """Threads the scheduler runs ops on (the caller included)."""
+        return self._scheduler.num_threads
+
+    @contextlib.contextmanager
+    def observe(self, fetch_list, on_op, cuda_sync=False):
+        """Call ``on_op`` around every op handle of the steps run inside the block.
+
+        ``on_op(handle, thread_ident, start_ns, end_ns)`` is called once per op
+        handle per step (``time.perf_counter_ns`` clock), from the thread that ran
+        it. Observed steps run on the readable per-op path (one function per op
+        handle), whatever ``ExecutionStrategy.compiled`` says. ``cuda_sync``
+        synchronises an op's devices before its end time (accurate, serialising).
+        Yields the SSA graph whose handles ``on_op`` receives.
+        """
+        fetch = fetch_names(fetch_list)
+        strategy = self.exec_strategy
+        compiled, strategy.compiled = strategy.compiled, False
+        runner = self._runner(fetch)
+        originals = list(runner.fns)
+        try:
+            for op in runner.graph.ops:
+                runner.fns[op.id] = _observed(op, runner.fns[op.id], on_op, cuda_sync)
+            yield runner.graph
+        finally:
+            runner.fns[:] = originals
+            strategy.compiled = compiled
+
     # --- running ------------------------------------------------------------------------
     def _place_feeds(self, feed, allow_persistable_feed=False):
         n = len(self.places)
@@ -441,6 +472,24 @@ class ParallelExecutor:
 
 def _shutdown(scheduler):
     scheduler.close()
+
+
+def _observed(op, fn, on_op, cuda_sync):
+    clock = time.perf_counter_ns
+    devices = ()
+    if cuda_sync:
+        devices = {p.device for p in op.places if p.is_cuda} if op.kind != "compute" \
+            else ({op.place.device} if op.place.is_cuda else set())
+
+    def observed():
+        t0 = clock()
+        try:
+            fn()
+            for d in devices:
+                torch.cuda.synchronize(d)
+        finally:
+            on_op(op, threading.get_ident(), t0, clock())
+    return observed
 
 
 class _ThreadingProbe:

@@ -21,10 +21,9 @@ Timing caveat: on CUDA places an op's function returns once its kernels are
 queued, so slices show host-side launch time unless ``cuda_sync=True``, which
 synchronises the op's device after every op (accurate, but serialising).
 
-The timer installs itself by replacing the entries of ``GraphRunner.fns``
-(the list the scheduler calls) and puts the originals back on exit; nothing
-in the runtime knows it is being traced. Per-op slices need one function per
-op handle, so traced steps run on the readable path
+The records come from ``ParallelExecutor.observe``, the executor's public
+instrumentation seam (an ``on_op`` callback per op handle run). Per-op slices
+need one function per op handle, so observed steps run on the readable path
 (``ExecutionStrategy(compiled=False)``): their timings show each op's own
 cost, not the compiled path's lower dispatch overhead (``bench/
 dispatch_overhead.py`` measures that).
@@ -41,62 +40,22 @@ __all__ = ["OpTimer", "TraceResult", "trace_steps", "chrome_trace", "write_chrom
 
 
 class OpTimer:
-    """Context manager recording every op handle run of ``runner`` (a ``GraphRunner``).
+    """Collects the op records of ``ParallelExecutor.observe`` (its ``on_op`` callback).
 
     ``records`` is a list of ``(step, op_id, thread_ident, start_ns, end_ns)``;
     ``threads`` maps a thread ident to its name. Set ``step`` before each run.
     """
 
-    def __init__(self, runner, cuda_sync=False):
-        fns = getattr(runner, "fns", None)
-        if not isinstance(fns, list) or len(fns) != len(runner.graph.ops):
-            raise SSAExecError("cannot trace: the graph runner exposes no list of per-op "
-                               "functions (GraphRunner.fns)")
-        self.runner = runner
-        self.cuda_sync = cuda_sync
+    def __init__(self):
         self.step = 0
         self.records = []
         self.threads = {}
-        self._originals = None
 
-    def _wrap(self, op, fn):
-        records, threads, clock = self.records, self.threads, time.perf_counter_ns
-        sync = None
-        if self.cuda_sync:
-            devices = {p.device for p in op.places if p.is_cuda} if op.kind != "compute" \
-                else ({op.place.device} if op.place.is_cuda else set())
-            if devices:
-                import torch
-
-                def sync():
-                    for d in devices:
-                        torch.cuda.synchronize(d)
-        op_id = op.id
-
-        def timed():
-            t0 = clock()
-            try:
-                fn()
-                if sync is not None:
-                    sync()
-            finally:
-                t1 = clock()
-                ident = threading.get_ident()
-                if ident not in threads:
-                    threads[ident] = threading.current_thread().name
-                records.append((self.step, op_id, ident, t0, t1))  # list.append is atomic
-        return timed
-
-    def __enter__(self):
-        fns = self.runner.fns
-        self._originals = list(fns)
-        for op in self.runner.graph.ops:
-            fns[op.id] = self._wrap(op, fns[op.id])
-        return self
-
-    def __exit__(self, *exc):
-        self.runner.fns[:] = self._originals
-        self._originals = None
+    def __call__(self, op, ident, start_ns, end_ns):
+        threads = self.threads
+        if ident not in threads:
+            threads[ident] = threading.current_thread().name
+        self.records.append((self.step, op.id, ident, start_ns, end_ns))  # atomic append
 
 
 class TraceResult:
@@ -138,22 +97,11 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
     """
     feed_of = feeds if callable(feeds) else (lambda k: feeds)
     fetch = fetch_names(fetch_list)
-    # per-op timings need one function per op handle: the readable path, not the
-    # compiled segments (whose ops run as one generated function)
-    strategy = pe.exec_strategy
-    compiled, strategy.compiled = strategy.compiled, False
-    try:
-        return _trace(pe, feed_of, fetch, steps, warmup, cuda_sync, on_step)
-    finally:
-        strategy.compiled = compiled
-
-
-def _trace(pe, feed_of, fetch, steps, warmup, cuda_sync, on_step):
     for k in range(warmup):
         pe.run(fetch_list=list(fetch), feed=feed_of(k))
-    runner = pe._runner(fetch)  # the graph pe.run uses for this fetch list
     spans, fetched = [], []
-    with OpTimer(runner, cuda_sync) as timer:
+    timer = OpTimer()
+    with pe.observe(fetch, timer, cuda_sync) as graph:
         for s in range(1, steps + 1):
             timer.step = s
             feed = feed_of(warmup + s - 1)
@@ -164,7 +112,7 @@ def _trace(pe, feed_of, fetch, steps, warmup, cuda_sync, on_step):
             fetched.append(values)
             if on_step is not None:
                 on_step(s, values, (t1 - t0) / 1e9)
-    return TraceResult(runner.graph, list(timer.records), dict(timer.threads), spans, fetched)
+    return TraceResult(graph, list(timer.records), dict(timer.threads), spans, fetched)
 
 
 def _lanes(graph):

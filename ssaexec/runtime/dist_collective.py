@@ -19,7 +19,7 @@ order, the same in every process: ranks never pair up mismatched collectives.
 The call blocks only the scheduler thread that runs the collective (the wait
 releases the GIL), so the rest of backward runs on the other threads meanwhile.
 
-Failures. Every ``torch.distributed`` call goes through ``_call``, which turns
+Failures. Every ``torch.distributed`` call goes through ``call``, which turns
 a backend error (a peer's socket closed, a timeout from the group's
 ``timeout``) into ``DistributedError`` naming this rank and the collective.
 ``agree`` checks that every rank holds the same list (the persistables at
@@ -91,7 +91,7 @@ class ProcessGroupCollective(LocalCollective):
     def where(self):
         return f"rank {self.rank} of {self.world_size} ({self.backend})"
 
-    def _call(self, what, issue):
+    def call(self, what, issue):
         """Run ``issue()`` (a torch.distributed call), wait for its work handle, map errors."""
         try:
             work = issue()
@@ -115,7 +115,7 @@ class ProcessGroupCollective(LocalCollective):
         dev = acc.device
         for t in tensors[1:]:
             acc.add_(t if t.device == dev else t.to(dev))
-        self._call(label or f"all_reduce of a {list(acc.shape)} tensor",
+        self.call(label or f"all_reduce of a {list(acc.shape)} tensor",
                    lambda: dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=self.group,
                                            async_op=True))
         if average:
@@ -141,7 +141,7 @@ class ProcessGroupCollective(LocalCollective):
             groups.setdefault((t.dtype, t.device), []).append(t)
         for (dtype, _), ts in groups.items():
             flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            self._call(f"{label} ({len(ts)} {str(dtype).replace('torch.', '')} tensors)",
+            self.call(f"{label} ({len(ts)} {str(dtype).replace('torch.', '')} tensors)",
                        lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True))
             if self.rank != src:
                 offset = 0
@@ -154,7 +154,7 @@ class ProcessGroupCollective(LocalCollective):
     def gather_objects(self, obj, what):
         """``obj`` of every rank, in rank order."""
         out = [None] * self.world_size
-        self._call(what, lambda: dist.all_gather_object(out, obj, group=self.group))
+        self.call(what, lambda: dist.all_gather_object(out, obj, group=self.group))
         return out
 
     def agree(self, what, items, describe=repr, hint=""):
