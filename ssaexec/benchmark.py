@@ -228,14 +228,11 @@ def torch_optimizer(name, params, lr):
 
 def synthetic_batch(s, n):
     """``n`` seeded samples: (images or features, int64 labels [n, 1])."""
-    import torch
-    g = torch.Generator().manual_seed(1000 + s["seed"])
+    from .synthetic import random_batch
     shape = ([s["in_dim"]] if s["model"] == "mlp" else
              [s["seq_len"], s["d_model"]] if s["model"] == "transformer" else
              [3, s["image_size"], s["image_size"]])
-    x = torch.randn([n, *shape], generator=g)
-    y = torch.randint(0, s["classes"], (n, 1), generator=g)
-    return x, y
+    return random_batch(shape, n, s["classes"], 1000 + s["seed"])
 
 
 def _rss_mb():

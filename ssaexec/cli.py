@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from .synthetic import infer_classes, synthetic_feed  # re-exported: the CLI's feeds
+
 __all__ = ["main", "build_parser", "default_startup", "find_startup", "loss_var",
            "synthetic_feed", "infer_classes", "format_dump", "dump_json", "ProgressBar"]
 
@@ -644,62 +646,6 @@ def _startup_for(args, main):
         how = str(path) + (f" (+ defaults for {len(added)} vars it leaves unset)" if added
                            else "")
     return prog, how
-
-
-# --- synthetic feeds -----------------------------------------------------------------------
-
-def infer_classes(program, label):
-    """The label range of int data var ``label``, read from the op that consumes it."""
-    block = program.global_block()
-    for op in block.ops:
-        if label not in op.input("Label"):
-            continue
-        for slot in ("Logits", "X", "Input"):
-            names = op.input(slot)
-            if names:
-                var = block.find_var(names[0])
-                if var is not None and var.shape and var.shape[-1] > 0:
-                    return var.shape[-1]
-    for op in block.ops:  # embeddings: ids index the table's rows
-        if label in op.input("Ids") and op.input("W"):
-            var = block.find_var(op.input("W")[0])
-            if var is not None and var.shape and var.shape[0] > 0:
-                return var.shape[0]
-    return None
-
-
-def synthetic_feed(program, batch, seed=0, classes=None):
-    """One batch of synthetic data for every data var the program reads.
-
-    Floats ~ N(0, 1), integers uniform in [0, classes) (``infer_classes``,
-    else 2), bools uniform; a leading -1 dim becomes ``batch``.
-    """
-    import torch
-
-    from .errors import FeedError
-    from .program.desc import torch_dtype
-    gen = torch.Generator().manual_seed(seed)
-    read = {n for op in program.global_block().ops for n in op.input_names()}
-    feed = {}
-    for var in program.data_vars():
-        if var.name not in read:
-            continue
-        if var.shape is None:
-            raise FeedError(f"data var {var.name!r} has no declared shape; cannot make synthetic "
-                            "data for it (pass --feed FILE.npz)")
-        shape = [batch if (i == 0 and d == -1) else d for i, d in enumerate(var.shape)]
-        if any(d < 0 for d in shape):
-            raise FeedError(f"data var {var.name!r} has shape {var.shape}: only the first dim "
-                            "may be -1 for synthetic data (pass --feed FILE.npz)")
-        dtype = torch_dtype(var.dtype)
-        if dtype.is_floating_point:
-            feed[var.name] = torch.randn(shape, generator=gen).to(dtype)
-        elif dtype == torch.bool:
-            feed[var.name] = torch.randint(0, 2, shape, generator=gen).bool()
-        else:
-            hi = classes or infer_classes(program, var.name) or 2
-            feed[var.name] = torch.randint(0, hi, shape, generator=gen).to(dtype)
-    return feed
 
 
 def _file_feeds(path, batch):

@@ -15,15 +15,12 @@ import torch
 import ssaexec as se
 from ssaexec.models import build_cnn, build_mlp, make_optimizer
 from ssaexec.progress import Progress
+from ssaexec.synthetic import learnable_dataset
 
 
 def synthetic_dataset(shape, n, classes=10, seed=0):
     """Images and labels where label = argmax of a fixed linear map of the image."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn([n, *shape], generator=g)
-    w = torch.randn([x[0].numel(), classes], generator=g)
-    y = (x.reshape(n, -1) @ w).argmax(dim=1, keepdim=True)
-    return x, y
+    return learnable_dataset(shape, n, classes, seed)
 
 
 def train(name, build, shape, places, steps, batch, out=print):
