@@ -161,7 +161,7 @@ class _Emitter:
         self.scope_of = scope_of
         self.program = program
         self.ns = {"_full": torch.full, "_Unbound": _Unbound, "_flat": _flat,
-                   "_fresh": _fresh(counter), "_cap": cap_sizes}
+                   "_fresh": _fresh(counter)}
         self.body = []
         self.lines = {}
         self.local = {}      # id(VarHandle) -> local name
@@ -207,6 +207,24 @@ def _memo_size(fn, names):
     return size
 
 
+def _memo_size_list(items, names, op_type):
+    # a size list with size expressions: made, and its product capped before the kernel
+    # allocates (four factors of s0 pass one by one), once per batch shape
+    fns = [_aten.parse_size_expr(v)[0] if isinstance(v, str) else None for v in items]
+    cache = {}
+
+    def sizes(values):
+        r = cache.get(values)
+        if r is None:
+            if len(cache) > 64:
+                cache.clear()
+            env = dict(zip(names, values, strict=True))
+            made = [fn(env) if fn is not None else v for fn, v in zip(fns, items, strict=True)]
+            r = cache[values] = tuple(cap_sizes(made, op_type))
+        return list(r)  # a fresh list: a kernel may keep or change its argument
+    return sizes
+
+
 def _aten_expr(em, handle, xs, attrs):
     """``overload(args...)`` source for an ATen op with inputs ``xs`` (local names)."""
     op_def = get_op_def(handle.op.type)
@@ -219,12 +237,11 @@ def _aten_expr(em, handle, xs, attrs):
 
     def value(kind, v):
         if isinstance(v, list):
-            src = "[" + ", ".join(value(kind, x) for x in v) + "]"
-            if kind == "size" and any(isinstance(x, str) for x in v):
-                # sizes computed from the batch: cap their product before the kernel
-                # allocates (a file could ask for s0**4 elements through four factors)
-                src = f"_cap({src}, {handle.op.type!r})"
-            return src
+            if kind == "size" and any(isinstance(x, str) for x in v) and \
+                    all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
+                fn = _memo_size_list(v, names, handle.op.type)
+                return f"{em.const(fn, 'szl')}(_env)"
+            return "[" + ", ".join(value(kind, x) for x in v) + "]"
         if _aten._is_ref(v):
             return xs[int(v[2:-1])]
         if isinstance(v, str):
