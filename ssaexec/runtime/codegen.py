@@ -193,36 +193,34 @@ def _literal(value, em):
     return em.const(value)
 
 
-def _memo_size(fn, names):
-    # a size expression depends on the batch only: evaluate (bounded) once per batch shape
+def _per_batch(compute):
+    """``compute(env)`` cached by the batch-dependent values (a tuple) it is called with."""
     cache = {}
 
-    def size(values):
+    def cached(values, names):
         r = cache.get(values)
         if r is None:
             if len(cache) > 64:
                 cache.clear()
-            r = cache[values] = fn(dict(zip(names, values, strict=True)))
+            r = cache[values] = compute(dict(zip(names, values, strict=True)))
         return r
-    return size
+    return cached
+
+
+def _memo_size(fn, names):
+    # a size expression depends on the batch only: evaluate (bounded) once per batch shape
+    cached = _per_batch(fn)
+    return lambda values: cached(values, names)
 
 
 def _memo_size_list(items, names, op_type):
     # a size list with size expressions: made, and its product capped before the kernel
     # allocates (four factors of s0 pass one by one), once per batch shape
     fns = [_aten.parse_size_expr(v)[0] if isinstance(v, str) else None for v in items]
-    cache = {}
-
-    def sizes(values):
-        r = cache.get(values)
-        if r is None:
-            if len(cache) > 64:
-                cache.clear()
-            env = dict(zip(names, values, strict=True))
-            made = [fn(env) if fn is not None else v for fn, v in zip(fns, items, strict=True)]
-            r = cache[values] = tuple(cap_sizes(made, op_type))
-        return list(r)  # a fresh list: a kernel may keep or change its argument
-    return sizes
+    cached = _per_batch(lambda env: tuple(cap_sizes(
+        [fn(env) if fn is not None else v for fn, v in zip(fns, items, strict=True)], op_type)))
+    # a fresh list each call: a kernel may keep or change its argument
+    return lambda values: list(cached(values, names))
 
 
 def _aten_expr(em, handle, xs, attrs):
