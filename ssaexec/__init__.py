@@ -10,7 +10,7 @@ from .program.desc import BlockDesc, BlockRef, OpDesc, Program, ProgramDesc, Var
 from .program.builder import default_main_program, default_startup_program, program_guard
 from .program import layers, initializer, optimizer
 from .program.backward import append_backward
-from .runtime.place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
+from .place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
 from .runtime.scope import Scope, global_scope, scope_guard
 from .executor import Executor
 from .strategy import BuildStrategy, ExecutionStrategy

@@ -122,7 +122,7 @@ TARGETS = [
 # --- helpers shared by parent and workers --------------------------------------------------
 
 def _cores():
-    from .runtime.place import available_cores
+    from .place import available_cores
     return available_cores()
 
 

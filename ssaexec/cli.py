@@ -355,7 +355,7 @@ def _places(spec, need_devices):
     """Parse ``--places``; static commands accept CUDA places without a GPU (labels only)."""
     import torch
 
-    from .runtime.place import CUDAPlace, cpu_places, cuda_places, parse_places
+    from .place import CUDAPlace, cpu_places, cuda_places, parse_places
     spec = (spec or "").strip()
     if not spec:
         if need_devices:

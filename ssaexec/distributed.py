@@ -101,7 +101,7 @@ def _seconds(timeout):
 
 
 def _cores():
-    from .runtime.place import available_cores
+    from .place import available_cores
     return available_cores()
 
 
@@ -326,7 +326,7 @@ def local_places(n=None, _local=None):
     ``--nproc-per-node`` equals the number of GPUs). CPU: ``n`` places
     (default: the cores divided among this machine's processes, at least 1).
     """
-    from .runtime.place import CUDAPlace, cpu_places
+    from .place import CUDAPlace, cpu_places
     lr, lw = _local if _local is not None else (local_rank(), local_world_size())
     backend = _info.backend if _info is not None else None
     if torch.cuda.is_available() and backend != "gloo":

@@ -20,7 +20,7 @@ from .graph.build import build_ssa_graph
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.op_call import OpCall
-from .runtime.place import CPUPlace
+from .place import CPUPlace
 from .runtime.scheduler import Scheduler
 from .runtime.scope import Scope, global_scope
 

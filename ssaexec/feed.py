@@ -9,7 +9,7 @@ declared dimension other than -1 must match.
 import torch
 
 from .errors import FeedError
-from .program.desc import torch_dtype
+from .dtypes import torch_dtype
 
 __all__ = ["check_feed", "to_tensor", "split_batch"]
 

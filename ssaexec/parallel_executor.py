@@ -53,7 +53,7 @@ from .program.desc import Program
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
-from .runtime.place import available_cores, cpu_places, cuda_places
+from .place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
 from .runtime.scope import Scope, global_scope
 from .strategy import BuildStrategy, ExecutionStrategy

@@ -15,7 +15,7 @@ global random stream.
 import torch
 
 from .errors import FeedError
-from .program.desc import torch_dtype
+from .dtypes import torch_dtype
 
 __all__ = ["infer_classes", "synthetic_feed", "learnable_dataset", "random_batch"]
 

@@ -36,7 +36,8 @@ from ssaexec.graph import analysis
 from ssaexec.graph.draw import find_dot
 from ssaexec.graph.export import op_graph
 from ssaexec.graph.ssa import ComputationOpHandle, SSAGraph
-from ssaexec.program.desc import OpDesc, Program, torch_dtype
+from ssaexec.dtypes import torch_dtype
+from ssaexec.program.desc import OpDesc, Program
 from ssaexec.program.io import load_program
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import ssaexec as se
 from ssaexec import cli
 from ssaexec.limits import limits
-from ssaexec.program.desc import torch_dtype
+from ssaexec.dtypes import torch_dtype
 from ssaexec.program.io import load_program
 from ssaexec.program.serialize import from_json, to_json
 from ssaexec.program.text import program_from_text

@@ -24,8 +24,9 @@ from ssaexec.graph.build import build_ssa_graph, op_reads_writes
 from ssaexec.graph.export import op_graph
 from ssaexec.graph.ssa import AllReduceOpHandle, ComputationOpHandle
 from ssaexec.models import build_cnn, build_mlp, build_seed_mlp
-from ssaexec.program.desc import BlockRef, Program, torch_dtype
-from ssaexec.runtime.place import CPUPlace, cpu_places
+from ssaexec.dtypes import torch_dtype
+from ssaexec.program.desc import BlockRef, Program
+from ssaexec.place import CPUPlace, cpu_places
 from ssaexec.strategy import BuildStrategy
 
 PLACE_COUNTS = (1, 2, 4, 8)

@@ -54,7 +54,8 @@ import torch
 from ..errors import ProgramError
 from ..ops.aten import SYM_ATTR, arg_kinds, encode_bytes, parse_size_expr
 from ..program.builder import program_guard
-from ..program.desc import DTYPES, EMPTY_VAR, Program, dtype_name, grad_var_name
+from ..dtypes import DTYPES, dtype_name
+from ..program.desc import EMPTY_VAR, Program, grad_var_name
 
 __all__ = ["from_torch", "LOSS_NAME"]
 

@@ -23,8 +23,9 @@ of their sub-blocks (names declared outside the sub-block).
 """
 
 from ..errors import GraphError, ProgramError
-from ..program.desc import EMPTY_VAR, Program, torch_dtype
-from ..runtime.place import Place
+from ..dtypes import torch_dtype
+from ..program.desc import EMPTY_VAR, Program
+from ..place import Place
 from ..strategy import BuildStrategy
 from .fuse import GradBucketer
 from .ssa import (AllReduceOpHandle, BroadcastOpHandle, ComputationOpHandle, FetchOpHandle,

@@ -147,7 +147,7 @@ class _Collective(OpHandle):
 
     def nbytes(self, program):
         """Bytes of one place's share (from the declared shapes; -1 dims count as 1)."""
-        from ..program.desc import torch_dtype
+        from ..dtypes import torch_dtype
         total = 0
         for n in self.var_names:
             var = program.global_block().find_var(n)

@@ -1,0 +1,9 @@
+"""Operators: the registry (a leaf) and the kernels, registered on import.
+
+Importing any ``ssaexec.ops.<module>`` runs this first, so every built-in op type is
+registered before anyone looks one up.
+"""
+
+from . import registry  # noqa: F401  (first: the kernel modules register into it)
+from . import control, init, loss, math, nn, optim, tensor  # noqa: F401
+from . import aten  # noqa: F401  (registers the aten.* family)

@@ -69,68 +69,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import ProgramError
 from ..limits import cap_sizes, get_limit, numel_problem
-from ..program.desc import DTYPES, dtype_name, torch_dtype
+from ..dtypes import DTYPES, dtype_name, torch_dtype
 from .policy import check_op_type
-from .registry import REQUIRED, OpDef, register_op, unaliased
+from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, arg_kinds, resolve_overload
+from .registry import REQUIRED, OpDef, register_family, register_op, unaliased
 from .size_expr import parse_size_expr
 
-__all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds",
-           "parse_size_expr", "encode_bytes", "decode_bytes"]
-
-SYM_ATTR = "@sym"
-
-_MEMORY_FORMATS = {"preserve_format": torch.preserve_format,
-                   "contiguous_format": torch.contiguous_format,
-                   "channels_last": torch.channels_last,
-                   "channels_last_3d": torch.channels_last_3d}
-_LAYOUTS = {"strided": torch.strided}
-
-
-# --- schema arguments --------------------------------------------------------------------
-def resolve_overload(type):
-    """The ``torch._ops.OpOverload`` named by ``aten.<name>.<overload>``, else None."""
-    parts = type.split(".")
-    if len(parts) != 3 or parts[0] != "aten" or not all(parts):
-        return None
-    packet = getattr(torch.ops.aten, parts[1], None)
-    if packet is None or not hasattr(packet, "overloads"):
-        return None
-    if parts[2] not in packet.overloads():
-        return None
-    return getattr(packet, parts[2])
-
-
-def _kind(arg):
-    """The encoding kind of one schema argument (see the module docstring)."""
-    t = str(arg.real_type)
-    optional = t.startswith("Optional[")
-    if optional:
-        t = t[len("Optional["):-1]
-    if t == "Tensor":
-        return "tensor"
-    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
-        return "tensor_list"
-    if t in ("int", "SymInt", "float", "number", "List[int]", "List[SymInt]", "List[float]"):
-        return "size"
-    if t == "ScalarType":
-        return "dtype"
-    if t == "Layout":
-        return "layout"
-    if t == "MemoryFormat":
-        return "memory_format"
-    if t == "Device":
-        return "device"
-    if t in ("bool", "str", "List[bool]", "List[str]"):
-        return "literal"
-    if t == "Generator":
-        return "generator"
-    return "unsupported:" + t
-
-
-def arg_kinds(overload):
-    """``[(name, kind, kwarg_only), ...]`` for every schema argument of ``overload``."""
-    return [(a.name, _kind(a), a.kwarg_only) for a in overload._schema.arguments]
-
+__all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds", "CompiledCall", "OMIT",
+           "is_ref", "parse_size_expr", "encode_bytes", "decode_bytes"]
 
 def _json_default(arg):
     # The attr default stands for "not passed". An Optional argument's None is its
@@ -144,25 +90,25 @@ def _json_default(arg):
         return v
     if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float)) for x in v):
         return list(v)
-    return _OMIT
+    return OMIT
 
 
-class _Omit:
+class Omit:
     __slots__ = ()
 
     def __repr__(self):
         return "<torch default>"
 
 
-_OMIT = _Omit()  # an attr default that means "do not pass this argument"
+OMIT = Omit()  # an attr default that means "do not pass this argument"
 
 
 # --- the generic kernel --------------------------------------------------------------------
-def _is_ref(v):
+def is_ref(v):
     return isinstance(v, str) and v.startswith("X[") and v.endswith("]") and v[2:-1].isdigit()
 
 
-class _Compiled:
+class CompiledCall:
     """One op's attrs turned into a fast argument builder (cached per attrs dict)."""
 
     __slots__ = ("attrs", "steps", "kw_steps", "binds", "has_device")
@@ -179,8 +125,8 @@ class _Compiled:
         self.steps, self.kw_steps = [], []
         self.has_device = False
         for name, kind, kwarg_only in kinds:
-            value = attrs.get(name, _OMIT)
-            if value is _OMIT:
+            value = attrs.get(name, OMIT)
+            if value is OMIT:
                 continue
             if kind == "device":
                 self.has_device = True
@@ -209,7 +155,7 @@ class _Compiled:
                 raise ProgramError(f"{where}: expected a dtype name, got {value!r}")
             return lambda xs, env: dt
         if kind in ("layout", "memory_format"):
-            table = _LAYOUTS if kind == "layout" else _MEMORY_FORMATS
+            table = LAYOUTS if kind == "layout" else MEMORY_FORMATS
             if value is None:
                 return lambda xs, env: None
             if value not in table:
@@ -232,7 +178,7 @@ class _Compiled:
                 op_type = where.split(":")[0]
                 return lambda xs, env: cap_sizes([p(xs, env) for p in parts], op_type)
             return lambda xs, env: [p(xs, env) for p in parts]
-        if _is_ref(value):
+        if is_ref(value):
             if kind not in ("tensor", "tensor_list"):
                 raise ProgramError(f"{where}: a tensor reference {value!r} where the schema "
                                    "takes no tensor")
@@ -288,12 +234,12 @@ def _fresh(outs, xs):
 
 
 def _make_kernel(op_type, overload, kinds):
-    cache = {}  # id(attrs) -> _Compiled; OpCall keeps one attrs dict per op
+    cache = {}  # id(attrs) -> CompiledCall; OpCall keeps one attrs dict per op
 
     def kernel(ins, attrs):
         compiled = cache.get(id(attrs))
         if compiled is None or compiled.attrs is not attrs:
-            compiled = _Compiled(op_type, kinds, attrs)
+            compiled = CompiledCall(op_type, kinds, attrs)
             if len(cache) > 4096:
                 cache.clear()
             cache[id(attrs)] = compiled
@@ -399,6 +345,9 @@ def aten_op_def(type):
 
 
 # --- compact constants ---------------------------------------------------------------------
+register_family("aten.", aten_op_def)
+
+
 def encode_bytes(tensor):
     """Base64 of ``tensor``'s raw bytes in row-major, little-endian order."""
     if sys.byteorder != "little":  # pragma: no cover - torch supports little-endian hosts

@@ -9,7 +9,7 @@ moves their outputs to the op's device.
 
 import torch
 
-from ..program.desc import torch_dtype
+from ..dtypes import torch_dtype
 from .registry import REQUIRED, register_op
 
 

@@ -181,7 +181,7 @@ def _denial(op_type):
         return DENIED_FAMILIES[family]
     if family.startswith("__"):  # never an operator; do not even look it up
         return "it is not on the allowlist of pure tensor operators"
-    from .aten import resolve_overload
+    from .schema import resolve_overload
     overload = resolve_overload(op_type)
     if overload is None:
         return None if op_type in ALLOWED else \
@@ -225,7 +225,7 @@ def attr_problem(op_type, attrs, n_inputs=None):
     the file (see ``ssaexec.ops.aten`` for the encoding); ``n_inputs`` the number
     of vars in its ``X`` slot, when known, to check ``"X[k]"`` and ``@sym``.
     """
-    from .aten import SYM_ATTR, arg_kinds, resolve_overload
+    from .schema import SYM_ATTR, arg_kinds, resolve_overload
     overload = resolve_overload(op_type)
     if overload is None:
         return None

@@ -18,6 +18,10 @@ gradient is made. Policy:
 * Shape inference defaults to running the kernel on ``meta`` tensors twice
   with two batch sizes; a dimension that differs between the runs is the batch
   dimension (-1). Ops whose kernels cannot run on meta supply ``infer``.
+* The registry is a leaf: it imports no kernel module. Importing ``ssaexec.ops``
+  (which any import of ``ssaexec.ops.<module>`` does first) registers the built-in
+  kernels; a family of op types made on demand (``aten.*``) registers a resolver
+  with ``register_family``.
 * Grad ops receive ``wanted``: per output slot, which entries anyone reads, so
   they can skip work; their kernels take ``(ins, attrs, wanted)``.
 """
@@ -25,10 +29,14 @@ gradient is made. Policy:
 import torch
 
 from ..errors import ProgramError
-from ..program.desc import EMPTY_VAR, dtype_name, torch_dtype
+from ..dtypes import dtype_name, torch_dtype
 
-__all__ = ["Slot", "OpDef", "register_op", "register_grad", "get_op_def", "registered_ops",
-           "infer_outputs", "REQUIRED", "ATTR_TYPES", "check_attr"]
+__all__ = ["Slot", "OpDef", "register_op", "register_grad", "register_family", "get_op_def",
+           "registered_ops", "infer_outputs", "REQUIRED", "ATTR_TYPES", "check_attr",
+           "EMPTY_VAR"]
+
+# An output slot entry that is deliberately not produced (a grad nobody needs).
+EMPTY_VAR = "@EMPTY@"
 
 
 class _Required:
@@ -335,15 +343,22 @@ def _unaliased(grads, ins):
     return unaliased(grads, flat)
 
 
+_FAMILIES = {}  # prefix -> resolver(type) -> OpDef or None
+
+
+def register_family(prefix, resolver):
+    """Make op types starting with ``prefix`` on first use with ``resolver(type)``."""
+    _FAMILIES[prefix] = resolver
+
+
 def get_op_def(type, missing_ok=False):
     """The ``OpDef`` of ``type``; ``ProgramError`` (or None) if it is not registered."""
-    _load_builtin_ops()
     op_def = _REGISTRY.get(type)
-    if op_def is None and type.startswith("aten."):
-        # Hook for the torch importer: an ATen overload ("aten.convolution.default") gets a
-        # generic OpDef made from its schema on first use (see ssaexec.ops.aten).
-        from .aten import aten_op_def
-        op_def = aten_op_def(type)
+    if op_def is None:
+        for prefix, resolver in _FAMILIES.items():
+            if type.startswith(prefix):
+                op_def = resolver(type)
+                break
     if op_def is None and not missing_ok:
         import difflib
         close = difflib.get_close_matches(type, list(_REGISTRY), n=3)
@@ -354,18 +369,7 @@ def get_op_def(type, missing_ok=False):
 
 def registered_ops():
     """Sorted names of every registered op type."""
-    _load_builtin_ops()
     return sorted(_REGISTRY)
-
-
-_LOADED = False
-
-
-def _load_builtin_ops():
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        from . import math, nn, loss, optim, init, tensor, control, aten  # noqa: F401
 
 
 # --- shape / dtype inference -------------------------------------------------------------

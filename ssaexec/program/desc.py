@@ -22,49 +22,23 @@ import copy
 
 import torch
 
+from ..dtypes import DTYPES, dtype_name, torch_dtype
 from ..errors import ProgramError
+from ..ops.registry import EMPTY_VAR, get_op_def
 
 __all__ = ["DTYPES", "ROLES", "EMPTY_VAR", "BlockRef", "VarDesc", "OpDesc", "BlockDesc",
            "ProgramDesc", "Program", "grad_var_name", "torch_dtype", "dtype_name"]
-
-DTYPES = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-    "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
-    "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 # 'loss' marks the op that seeds loss@GRAD; the graph builder swaps it for a
 # ScaleLossGrad handle. 'optimize' ops update parameters.
 ROLES = ("forward", "backward", "optimize", "loss")
 
 GRAD_SUFFIX = "@GRAD"
-# An output slot entry that is deliberately not produced (a grad nobody needs).
-EMPTY_VAR = "@EMPTY@"
 
 
 def grad_var_name(name):
     """Return the name of the gradient variable of ``name`` (``name@GRAD``)."""
     return name + GRAD_SUFFIX
-
-
-def torch_dtype(name):
-    """Map a dtype name (``"float32"``) to the torch dtype."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ProgramError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
-
-
-def dtype_name(dtype):
-    """Map a torch dtype (or a dtype name) to its name."""
-    if isinstance(dtype, str):
-        torch_dtype(dtype)
-        return dtype
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ProgramError(f"unsupported dtype {dtype}") from None
 
 
 class BlockRef:
@@ -362,7 +336,6 @@ class ProgramDesc:
             new.blocks.append(nb)
         new._name_counts = dict(self._name_counts)
         if for_test:
-            from ..ops.registry import get_op_def
             for b in new.blocks:
                 b.ops = [op for op in b.ops if op.role == "forward"]
                 for op in b.ops:

@@ -39,7 +39,8 @@ from ..limits import cap_sizes
 from ..ops import aten as _aten
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
-from ..program.desc import EMPTY_VAR, torch_dtype
+from ..dtypes import torch_dtype
+from ..program.desc import EMPTY_VAR
 from .op_call import BlockContext, OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
@@ -227,7 +228,7 @@ def _aten_expr(em, handle, xs, attrs):
     """``overload(args...)`` source for an ATen op with inputs ``xs`` (local names)."""
     op_def = get_op_def(handle.op.type)
     overload = op_def.overload
-    compiled = _aten._Compiled(handle.op.type, _aten.arg_kinds(overload), attrs)  # validates
+    compiled = _aten.CompiledCall(handle.op.type, _aten.arg_kinds(overload), attrs)  # validates
     env = None
     names = tuple(s for s, _, _ in compiled.binds)
     if compiled.binds:
@@ -240,7 +241,7 @@ def _aten_expr(em, handle, xs, attrs):
                 fn = _memo_size_list(v, names, handle.op.type)
                 return f"{em.const(fn, 'szl')}(_env)"
             return "[" + ", ".join(value(kind, x) for x in v) + "]"
-        if _aten._is_ref(v):
+        if _aten.is_ref(v):
             return xs[int(v[2:-1])]
         if isinstance(v, str):
             fn, _ = _aten.parse_size_expr(v)
@@ -249,15 +250,15 @@ def _aten_expr(em, handle, xs, attrs):
 
     args, kwargs = [], []
     for name, kind, kwarg_only in _aten.arg_kinds(overload):
-        v = attrs.get(name, _aten._OMIT)
-        if v is _aten._OMIT:
+        v = attrs.get(name, _aten.OMIT)
+        if v is _aten.OMIT:
             continue
         if kind == "device":
             src = f"{xs[0]}.device" if xs else "None"
         elif kind == "dtype":
             src = "None" if v is None else em.const(torch_dtype(v), "dt")
         elif kind in ("layout", "memory_format"):
-            table = _aten._LAYOUTS if kind == "layout" else _aten._MEMORY_FORMATS
+            table = _aten.LAYOUTS if kind == "layout" else _aten.MEMORY_FORMATS
             src = "None" if v is None else em.const(table[v], "mf")
         elif kind == "generator" or kind.startswith("unsupported:"):
             src = "None"

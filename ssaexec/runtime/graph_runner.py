@@ -27,7 +27,7 @@ import threading
 import torch
 
 from ..errors import OpError, SSAExecError
-from ..program.desc import torch_dtype
+from ..dtypes import torch_dtype
 from .op_call import OpCall
 from .scheduler import DependencyPlan
 

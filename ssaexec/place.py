@@ -3,11 +3,13 @@
 Several ``CPUPlace`` objects are distinct places that share the host's memory;
 ``CPUPlace(i)`` is how one process trains data-parallel on CPU. Places are
 immutable and hashable, and print as ``cpu:0`` / ``cuda:1``.
+
+Ground floor: imports nothing of ssaexec but ``errors``.
 """
 
 import torch
 
-from ..errors import SSAExecError
+from .errors import SSAExecError
 
 __all__ = ["Place", "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places"]
 
