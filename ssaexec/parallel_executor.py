@@ -478,8 +478,8 @@ def _observed(op, fn, on_op, cuda_sync):
     clock = time.perf_counter_ns
     devices = ()
     if cuda_sync:
-        devices = {p.device for p in op.places if p.is_cuda} if op.kind != "compute" \
-            else ({op.place.device} if op.place.is_cuda else set())
+        devices = ({op.place.device} if op.place.is_cuda else set()) if op.on_one_place \
+            else {p.device for p in op.places if p.is_cuda}
 
     def observed():
         t0 = clock()

@@ -144,22 +144,17 @@ def chrome_trace(graph, records, threads, steps=(), metadata=None):
 
     for step, op_id, ident, t0, t1 in sorted(records, key=lambda r: (r[3], r[1])):
         op = graph.ops[op_id]
-        if hasattr(op, "place_idx"):
+        if op.on_one_place:
             pid = op.place_idx + 1
         else:
-            pid = fetch_pid if op.kind == "fetch" else coll_pid
+            pid = {"fetch": fetch_pid}.get(op.stream, coll_pid)
         tid = tid_of(ident)
         used.add((pid, tid))
         multi = pid > len(graph.places)
         args = {"step": step, "op_id": op_id, "kind": op.kind,
                 "inputs": [_var_label(v, multi) for v in op.inputs if not v.is_dummy],
                 "outputs": [_var_label(v, multi) for v in op.outputs if not v.is_dummy]}
-        if op.kind == "compute":
-            args["op_type"] = op.op.type
-            args["op_index"] = op.op_index
-        elif op.is_collective:
-            args["vars"] = list(op.var_names)
-            args["seq"] = op.seq
+        args.update(op.details())
         events.append({"name": op.name, "cat": op.kind, "ph": "X", "pid": pid, "tid": tid,
                        "ts": (t0 - origin) / 1000.0, "dur": max(t1 - t0, 0) / 1000.0,
                        "args": args})

@@ -26,7 +26,7 @@ A when B reads a var handle, dummy or not, that A generated):
   ``n`` places: all-reduce ``2 (n-1)/n x payload`` (a reduce-scatter and an
   all-gather, each ``(n-1)/n``), reduce and broadcast ``(n-1)/n x payload``
   (in all ``(n-1) x payload``: every non-root place must get or give the
-  payload once); see ``TRAFFIC_FACTORS``. Nothing moves when ``n == 1``.
+  payload once); each collective handle class carries its ``traffic_factor``. Nothing moves when ``n == 1``.
   "On the wire" is the per-place figure times ``n``.
 * **memory**: bytes of parameters, of their gradients (the ``role_var``
   pairs) and of the other persistable vars (optimizer state, running
@@ -38,17 +38,8 @@ from ..dtypes import torch_dtype
 
 __all__ = ["op_levels", "critical_path", "level_widths", "max_width", "max_antichain_size",
            "collective_traffic", "memory_estimate", "var_counts", "op_counts", "graph_stats",
-           "format_stats", "format_bytes", "TRAFFIC_FACTORS", "ANTICHAIN_LIMIT"]
+           "format_stats", "format_bytes", "ANTICHAIN_LIMIT"]
 
-# Average bytes each of n places sends per byte of payload (ring algorithms; the ring
-# all-reduce is a reduce-scatter plus an all-gather, each moving (n-1)/n).
-TRAFFIC_FACTORS = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "reduce": lambda n: (n - 1) / n,
-    "broadcast": lambda n: (n - 1) / n,
-}
-TRAFFIC_FORMULAS = {"all_reduce": "2(n-1)/n x payload (ring)",
-                    "reduce": "(n-1)/n x payload", "broadcast": "(n-1)/n x payload"}
 ANTICHAIN_LIMIT = 3000
 
 
@@ -239,11 +230,11 @@ def collective_traffic(graph):
         if not op.is_collective:
             continue
         d = by_kind.setdefault(op.kind, {"count": 0, "payload_bytes": 0, "bytes_per_place": 0.0,
-                                          "formula": TRAFFIC_FORMULAS[op.kind]})
+                                          "formula": op.traffic_formula})
         payload = op.nbytes(graph.program)
         d["count"] += 1
         d["payload_bytes"] += payload
-        d["bytes_per_place"] += TRAFFIC_FACTORS[op.kind](n) * payload
+        d["bytes_per_place"] += op.traffic_factor(n) * payload
     per_place = sum(d["bytes_per_place"] for d in by_kind.values())
     return {"count": sum(d["count"] for d in by_kind.values()), "by_kind": by_kind,
             "payload_bytes": sum(d["payload_bytes"] for d in by_kind.values()),
@@ -268,7 +259,7 @@ def memory_estimate(graph):
 
 
 def _place_key(op):
-    return str(op.place) if hasattr(op, "place_idx") else "all"
+    return str(op.place) if op.on_one_place else "all"
 
 
 def op_counts(graph):

@@ -36,7 +36,7 @@ import subprocess
 import networkx as nx
 
 from ..errors import SSAExecError
-from .export import KIND_COLORS
+from .ssa import HANDLE_KINDS
 
 __all__ = ["SECTIONS", "op_section", "select_ops", "find_dot", "render", "dot_source",
            "drawn_graph", "layer_levels", "FORMATS", "DOT_ENV", "SPLIT_COST", "SPLIT_SPAN",
@@ -49,20 +49,15 @@ SPLIT_COST = 1000   # levels crossed by all edges together (Graphviz's virtual n
 SPLIT_SPAN = 8
 BIG_NODES = 250
 DOT_TIMEOUT = 120
-KIND_LABELS = {"compute": "compute", "all_reduce": "all-reduce", "reduce": "reduce",
-               "broadcast": "broadcast", "fetch": "fetch", "scale_loss_grad": "loss-grad scale"}
+# DOT attributes of the drawing's nodes that are not op handles
+_VAR_NODES = {"var": "shape=ellipse, fontsize=8",
+              "ref": 'shape=ellipse, fontsize=8, style=dashed, color="#777777"',
+              "after": 'shape=plaintext, fontsize=7, fontcolor="#777777"'}
 
 
 def op_section(op):
     """Which part of a training step op handle ``op`` belongs to (one of ``SECTIONS``)."""
-    if op.kind == "compute":
-        role = op.op.role
-        return "backward" if role == "loss" else role
-    if op.kind == "scale_loss_grad":
-        return "backward"
-    if op.kind == "fetch":
-        return "fetch"
-    return "comm"
+    return op.section()
 
 
 def select_ops(graph, collapse=False, sections=None, pattern=None):
@@ -92,12 +87,12 @@ def select_ops(graph, collapse=False, sections=None, pattern=None):
             raise SSAExecError(f"bad --filter pattern {pattern!r}: {e}") from None
     keep = []
     for op in graph.ops:
-        if collapse and hasattr(op, "place_idx") and op.place_idx != 0:
+        if collapse and op.on_one_place and op.place_idx != 0:
             continue
         if sections is not None and op_section(op) not in sections:
             continue
         if rx is not None:
-            texts = [op.name, op.op.type if op.kind == "compute" else op.kind]
+            texts = [op.name, op.op_type]
             texts += [v.name for v in op.inputs + op.outputs if not v.is_dummy]
             if not any(rx.search(t) for t in texts):
                 continue
@@ -156,8 +151,8 @@ def drawn_graph(graph, ops=None, collapse=False, show_vars=True, split=None):
     kept = {op.id for op in ops}
     g = nx.DiGraph()
     for op in ops:
-        band = op.place_idx if hasattr(op, "place_idx") else None
-        g.add_node(f"op:{op.id}", kind=op.kind, label=op.name, band=band)
+        band = op.place_idx if op.on_one_place else None
+        g.add_node(f"op:{op.id}", kind=op.kind, label=op.name, band=band, color=op.color)
 
     def add_var(v):
         vid = _var_id(v)
@@ -221,7 +216,7 @@ def _split_long_edges(g, span):
         if g.nodes[v]["level"] - g.nodes[u]["level"] <= span:
             continue
         src = g.nodes[u]
-        if src["kind"] in ("var", "ref"):
+        if src["kind"] in ("var", "ref"):  # drawing nodes, not handle kinds
             node = f"ref:{cut}"
             g.add_node(node, kind="ref", label=src["label"], band=g.nodes[v]["band"], of=u)
         else:
@@ -244,16 +239,17 @@ def _q(s):
 
 
 def _dot_node(v, d):
-    kind = d["kind"]
-    if kind == "var":
-        attrs = "shape=ellipse, fontsize=8"
-    elif kind == "ref":
-        attrs = 'shape=ellipse, fontsize=8, style=dashed, color="#777777"'
-    elif kind == "after":
-        attrs = 'shape=plaintext, fontsize=7, fontcolor="#777777"'
+    if "color" in d:  # an op handle
+        attrs = f"shape=box, style=filled, fillcolor={_q(d['color'])}"
     else:
-        attrs = f"shape=box, style=filled, fillcolor={_q(KIND_COLORS.get(kind, '#eeeeee'))}"
+        attrs = _VAR_NODES[d["kind"]]
     return f"{_q(v)} [label={_q(d['label'])}, {attrs}];"
+
+
+def _legend_kinds(g):
+    """Handle classes drawn in ``g``, in the order of ``HANDLE_KINDS``."""
+    drawn = {d["kind"] for _, d in g.nodes(data=True) if "color" in d}
+    return [cls for k, cls in HANDLE_KINDS.items() if k in drawn]
 
 
 def dot_source(graph, ops=None, collapse=False, show_vars=True, split=None):
@@ -284,23 +280,22 @@ def dot_source(graph, ops=None, collapse=False, show_vars=True, split=None):
         if d.get("label") and not big:
             attrs.append(f"label={_q(d['label'])}")
         lines.append(f"  {_q(u)} -> {_q(v)}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
-    lines.extend(_legend({d["kind"] for _, d in g.nodes(data=True)}))
+    lines.extend(_legend(_legend_kinds(g)))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 def _legend(kinds):
-    # a small cluster naming the colours, drawn beside the graph
-    kinds = [k for k in KIND_COLORS if k in kinds]
+    # a small cluster naming the colours of the handle classes ``kinds``, beside the graph
     if not kinds:
         return []
     lines = ["  subgraph cluster_legend {", '    label="handle kinds"; style=rounded; '
              'color="#bbbbbb"; fontsize=9;']
     names = []
-    for kind in kinds:
-        names.append(f"legend:{kind}")
-        lines.append(f'    "legend:{kind}" [label="{KIND_LABELS.get(kind, kind)}", shape=box, '
-                     f'style=filled, fillcolor="{KIND_COLORS[kind]}", fontsize=8];')
+    for cls in kinds:
+        names.append(f"legend:{cls.kind}")
+        lines.append(f'    "legend:{cls.kind}" [label="{cls.legend or cls.kind}", shape=box, '
+                     f'style=filled, fillcolor="{cls.color}", fontsize=8];')
     lines.append('    "legend:dummy_a" [label="dummy", shape=plaintext, fontsize=8];')
     lines.append('    "legend:dummy_b" [label="edge", shape=plaintext, fontsize=8];')
     lines.append('    "legend:dummy_a" -> "legend:dummy_b" [style=dashed, color="#999999"];')
@@ -520,15 +515,14 @@ def _draw_matplotlib(graph, g, path, fmt, collapse, dpi=None):
                                          zorder=1))
         # node boxes as three collections (one artist each: thousands of patches are slow)
         op_boxes, op_colors, var_boxes, ref_boxes = [], [], [], []
+        boxes = {"var": var_boxes, "ref": ref_boxes, "after": []}
         for v, d in g.nodes(data=True):
-            kind, (x, y) = d["kind"], pos[v]
-            if kind == "var":
-                var_boxes.append(_box(x, y, d))
-            elif kind == "ref":
-                ref_boxes.append(_box(x, y, d))
-            elif kind != "after":
+            x, y = pos[v]
+            if "color" in d:
                 op_boxes.append(_box(x, y, d))
-                op_colors.append(KIND_COLORS.get(kind, "#eeeeee"))
+                op_colors.append(d["color"])
+            else:
+                boxes[d["kind"]].append(_box(x, y, d))
         ax.add_collection(PolyCollection(var_boxes, facecolors="white", edgecolors="#777777",
                                          linewidths=0.5, zorder=2))
         ax.add_collection(PolyCollection(ref_boxes, facecolors="white", edgecolors="#777777",
@@ -537,14 +531,12 @@ def _draw_matplotlib(graph, g, path, fmt, collapse, dpi=None):
                                          linewidths=0.6, zorder=2))
         for v, d in g.nodes(data=True):
             x, y = pos[v]
-            kind = d["kind"]
-            small = kind in ("var", "ref", "after")
+            small = "color" not in d
             ax.text(x, y, d["label"], ha="center", va="center", gid=v, zorder=3,
                     fontsize=_FONT - 1 if small else _FONT,
-                    color="#777777" if kind == "after" else "black")
-        kinds = [k for k in KIND_COLORS if any(d["kind"] == k for _, d in g.nodes(data=True))]
-        handles = [Patch(fc=KIND_COLORS[k], ec="#333333", label=KIND_LABELS.get(k, k))
-                   for k in kinds]
+                    color="#777777" if d["kind"] in ("after",) else "black")
+        handles = [Patch(fc=cls.color, ec="#333333", label=cls.legend or cls.kind)
+                   for cls in _legend_kinds(g)]
         if handles:
             handles.append(Line2D([], [], color="#999999", ls=(0, (3, 2)), label="dummy edge"))
             fig.legend(handles=handles, loc="lower center", fontsize=_FONT + 1, frameon=False,

@@ -12,17 +12,29 @@ sequential execution). Op handles come in a closed set of kinds:
   spanning every place (a fused all-reduce holds several gradients);
 * ``FetchOpHandle``: reads a fetched var on every place.
 
+Each kind is a class that carries what every consumer needs to know about it, so
+no consumer branches on kind names: ``kind`` and ``legend`` (labels for dumps and
+pictures), ``color`` (DOT fill), ``stream`` (the stream role it launches on:
+``compute``, ``comm`` or ``fetch``), ``is_collective``, ``on_one_place`` (it has
+``place``/``place_idx``), ``op_type``, ``section()`` (part of the training step),
+``details()`` (kind-specific fields for dumps and traces) and, for collectives,
+``traffic_factor``/``traffic_formula`` (bytes moved per place) and ``apply`` (which
+call of the collective interface it makes). How a handle runs stays in the runtime,
+dispatched on the class (``functools.singledispatch``). Adding a kind is one class;
+``HANDLE_KINDS`` maps each kind label to its class.
+
 The graph is data only: the runtime decides how each kind runs. ``lint()`` checks
 the invariants the builder promises; tests call it on every graph they build.
 """
 
+from ..dtypes import torch_dtype
 from ..errors import GraphError
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
-           "ScaleLossGradOpHandle", "AllReduceOpHandle", "ReduceOpHandle", "BroadcastOpHandle",
-           "FetchOpHandle", "SSAGraph", "COLLECTIVE_KINDS"]
+           "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle", "ReduceOpHandle", "BroadcastOpHandle",
+           "FetchOpHandle", "SSAGraph", "HANDLE_KINDS"]
 
-COLLECTIVE_KINDS = ("all_reduce", "reduce", "broadcast")
+HANDLE_KINDS = {}  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 
 class VarHandle:
@@ -69,7 +81,17 @@ class OpHandle:
     """Base of op handles: input and output var handles, a kind and an id."""
 
     __slots__ = ("id", "inputs", "outputs")
-    kind = None
+    kind = None             # label in dumps, traces, stats and pictures
+    legend = None           # label in a picture's legend (default: kind)
+    color = "#eeeeee"       # DOT fill colour
+    stream = "compute"      # stream role: "compute", "comm" or "fetch"
+    is_collective = False
+    on_one_place = False    # True: the handle has ``place`` and ``place_idx``
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("kind") is not None:
+            HANDLE_KINDS[cls.kind] = cls
 
     def __init__(self):
         self.id = -1
@@ -86,8 +108,17 @@ class OpHandle:
         return seen
 
     @property
-    def is_collective(self):
-        return self.kind in COLLECTIVE_KINDS
+    def op_type(self):
+        """The program op type for compute handles, else the kind."""
+        return self.kind
+
+    def section(self):
+        """The part of a training step: forward, backward, optimize, comm or fetch."""
+        return "comm"
+
+    def details(self):
+        """Kind-specific fields (JSON-ready) for dumps and traces."""
+        return {}
 
     def producers(self):
         """Distinct op handles this one waits for."""
@@ -106,11 +137,17 @@ class OpHandle:
         return f"<{type(self).__name__} #{self.id} {self.name}>"
 
 
-class ComputationOpHandle(OpHandle):
+class _OnePlace(OpHandle):
+    __slots__ = ()
+    on_one_place = True
+
+
+class ComputationOpHandle(_OnePlace):
     """Program op ``op`` (index ``op_index`` in block 0) on one place."""
 
     __slots__ = ("op", "op_index", "place", "place_idx")
     kind = "compute"
+    color = "#cfe2ff"
 
     def __init__(self, op, op_index, place, place_idx):
         super().__init__()
@@ -120,12 +157,24 @@ class ComputationOpHandle(OpHandle):
     def name(self):
         return f"{self.op.type}#{self.op_index}@{self.place}"
 
+    @property
+    def op_type(self):
+        return self.op.type
 
-class ScaleLossGradOpHandle(OpHandle):
+    def section(self):
+        return "backward" if self.op.role == "loss" else self.op.role
+
+    def details(self):
+        return {"op_type": self.op.type, "op_index": self.op_index, "role": self.op.role}
+
+
+class ScaleLossGradOpHandle(_OnePlace):
     """Writes ``loss@GRAD`` = ``coeff`` (shape ``shape``, dtype ``dtype``) on one place."""
 
     __slots__ = ("var_name", "coeff", "shape", "dtype", "place", "place_idx", "op_index")
     kind = "scale_loss_grad"
+    legend = "loss-grad scale"
+    color = "#e9d5ff"
 
     def __init__(self, var_name, coeff, shape, dtype, place, place_idx, op_index):
         super().__init__()
@@ -136,18 +185,40 @@ class ScaleLossGradOpHandle(OpHandle):
     def name(self):
         return f"scale_loss_grad({self.var_name})@{self.place}"
 
+    def section(self):
+        return "backward"
 
-class _Collective(OpHandle):
+    def details(self):
+        return {"var": self.var_name, "coeff": self.coeff}
+
+
+class CollectiveOpHandle(OpHandle):
+    """Base of the handles that span every place and call the collective backend."""
+
     __slots__ = ("var_names", "seq")
+    stream = "comm"
+    is_collective = True
+    traffic_formula = None  # bytes each of n places sends, as a formula of the payload
 
     def __init__(self, var_names):
         super().__init__()
         self.var_names = list(var_names)
         self.seq = -1  # position in the graph's collective chain
 
+    def details(self):
+        return {"vars": list(self.var_names), "seq": self.seq}
+
+    @staticmethod
+    def traffic_factor(n):
+        """Bytes each of ``n`` places sends per payload byte (ring algorithms)."""
+        raise NotImplementedError
+
+    def apply(self, collective, tensors, label):
+        """Make this handle's call of ``collective`` on one var's per-place ``tensors``."""
+        raise NotImplementedError
+
     def nbytes(self, program):
         """Bytes of one place's share (from the declared shapes; -1 dims count as 1)."""
-        from ..dtypes import torch_dtype
         total = 0
         for n in self.var_names:
             var = program.global_block().find_var(n)
@@ -156,11 +227,14 @@ class _Collective(OpHandle):
         return total
 
 
-class AllReduceOpHandle(_Collective):
+class AllReduceOpHandle(CollectiveOpHandle):
     """Sums ``var_names`` over all places; every place gets the result (a bucket if fused)."""
 
     __slots__ = ()
     kind = "all_reduce"
+    legend = "all-reduce"
+    color = "#f8b4b4"
+    traffic_formula = "2(n-1)/n x payload (ring)"
 
     @property
     def name(self):
@@ -168,12 +242,21 @@ class AllReduceOpHandle(_Collective):
             f"{len(self.var_names)} grads: {self.var_names[0]}.."
         return f"all_reduce({names})"
 
+    @staticmethod
+    def traffic_factor(n):
+        return 2 * (n - 1) / n
 
-class ReduceOpHandle(_Collective):
+    def apply(self, collective, tensors, label):
+        collective.all_reduce(tensors, label=label)
+
+
+class ReduceOpHandle(CollectiveOpHandle):
     """Sums ``var_names`` over all places into place ``owner_idx`` only."""
 
     __slots__ = ("owner_idx",)
     kind = "reduce"
+    color = "#fcd29f"
+    traffic_formula = "(n-1)/n x payload"
 
     def __init__(self, var_names, owner_idx):
         super().__init__(var_names)
@@ -183,12 +266,24 @@ class ReduceOpHandle(_Collective):
     def name(self):
         return f"reduce({self.var_names[0]}->{self.owner_idx})"
 
+    def details(self):
+        return dict(super().details(), owner=self.owner_idx)
 
-class BroadcastOpHandle(_Collective):
+    @staticmethod
+    def traffic_factor(n):
+        return (n - 1) / n
+
+    def apply(self, collective, tensors, label):
+        collective.reduce(tensors, self.owner_idx, label=label)
+
+
+class BroadcastOpHandle(CollectiveOpHandle):
     """Copies ``var_names`` from place ``root_idx`` to every other place."""
 
     __slots__ = ("root_idx",)
     kind = "broadcast"
+    color = "#fde68a"
+    traffic_formula = "(n-1)/n x payload"
 
     def __init__(self, var_names, root_idx):
         super().__init__(var_names)
@@ -198,12 +293,30 @@ class BroadcastOpHandle(_Collective):
     def name(self):
         return f"broadcast({self.var_names[0]}<-{self.root_idx})"
 
+    def details(self):
+        return dict(super().details(), root=self.root_idx)
+
+    @staticmethod
+    def traffic_factor(n):
+        return (n - 1) / n
+
+    def apply(self, collective, tensors, label):
+        collective.broadcast(tensors, self.root_idx, label=label)
+
 
 class FetchOpHandle(OpHandle):
     """Reads the latest version of ``var_name`` on every place."""
 
     __slots__ = ("var_name",)
     kind = "fetch"
+    color = "#c6f6d5"
+    stream = "fetch"
+
+    def section(self):
+        return "fetch"
+
+    def details(self):
+        return {"var": self.var_name}
 
     def __init__(self, var_name):
         super().__init__()
@@ -293,7 +406,9 @@ class SSAGraph:
 
     # --- queries -----------------------------------------------------------------------
     def ops_of_kind(self, kind):
-        return [op for op in self.ops if op.kind == kind]
+        """Op handles of ``kind`` (a handle class or its label), in id order."""
+        cls = HANDLE_KINDS[kind] if isinstance(kind, str) else kind
+        return [op for op in self.ops if isinstance(op, cls)]
 
     def topological_order(self):
         """Op handles in a dependency-respecting order (``GraphError`` on a cycle)."""
@@ -344,7 +459,7 @@ class SSAGraph:
                     if k > 0 and v.generated_op is None:
                         raise GraphError(f"var {v!r} has no writer (only version 0 may)")
         n = len(self.places)
-        for op in self.ops_of_kind("all_reduce"):
+        for op in self.ops_of_kind(AllReduceOpHandle):
             for name in op.var_names:
                 placed = sorted(v.place_idx for v in op.inputs
                                 if not v.is_dummy and v.name == name)
@@ -366,7 +481,7 @@ class SSAGraph:
                                          f"but may run before {pw.name} writes {prev!r}")
         reducers = {}
         for op in self.ops:
-            if op.kind in ("all_reduce", "reduce"):
+            if isinstance(op, (AllReduceOpHandle, ReduceOpHandle)):
                 for name in op.var_names:
                     reducers.setdefault(name, []).append(op)
         for p, g in self.param_grads():
@@ -400,10 +515,16 @@ class SSAGraph:
         from .export import to_networkx
         return to_networkx(self)
 
-    def to_dot(self, **kwargs):
-        """Graphviz DOT text with one cluster per place (see ``ssaexec.graph.export``)."""
-        from .export import to_dot
-        return to_dot(self, **kwargs)
+    def to_dot(self, collapse=False, include=None, show_vars=True):
+        """Graphviz DOT text with one cluster per place (``ssaexec.graph.draw.dot_source``).
+
+        ``collapse`` draws only place 0's replica, ``include(op_handle) -> bool`` keeps
+        part of the graph, ``show_vars=False`` draws ops only, edges labelled by var.
+        """
+        from .draw import dot_source, select_ops
+        ops = [op for op in select_ops(self, collapse=collapse)
+               if include is None or include(op)]
+        return dot_source(self, ops, collapse=collapse, show_vars=show_vars)
 
     def __repr__(self):
         return f"<SSAGraph places={len(self.places)} ops={len(self.ops)} " \

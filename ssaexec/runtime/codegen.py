@@ -29,8 +29,9 @@ returns something without the expected slot, or None for a needed result, is
 an ``OpError`` naming the slot.
 """
 
-import linecache
+import functools
 import itertools
+import linecache
 
 import torch
 
@@ -40,6 +41,7 @@ from ..ops import aten as _aten
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
 from ..dtypes import torch_dtype
+from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
 from ..program.desc import EMPTY_VAR
 from .op_call import BlockContext, OpCall
 from .rng import needs_step_seed, op_seed, seeded
@@ -122,9 +124,9 @@ class Lowered:
         if handle is None:
             return exc
         place = self.place
-        op = handle.op if handle.kind == "compute" else None
+        op = handle.op if isinstance(handle, ComputationOpHandle) else None
         label = (f"op #{handle.op_index} '{op.type}'" if op is not None else handle.name)
-        op_type = op.type if op is not None else handle.kind
+        op_type = handle.op_type
         if what != "op":
             return OpError(f"While executing {label} on {place}: input var {what!r} has no "
                            "value (not fed, not initialised by the startup program, or freed)",
@@ -318,7 +320,7 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
             _emit_fused(em, group, plan)
             n_ops += 1
         else:
-            n_ops += _emit_handle(em, h, plan)
+            n_ops += _emit_handle(h, em, plan)
         keep = _aliased_names(em, h)
         dead = [em.local[id(v)] for v in h.inputs
                 if not v.is_dummy and last_use.get(id(v)) == k and id(v) in em.local]
@@ -370,7 +372,7 @@ def _bind(em, v, src_name, plan, h, check_none=False, inputs=None):
 
 def _call_line(em, h, od, text):
     """Emit the kernel call ``text``; a random op runs under its step seed (``runtime.rng``)."""
-    if h.kind == "compute" and needs_step_seed(od, h.op):
+    if isinstance(h, ComputationOpHandle) and needs_step_seed(od, h.op):
         seed = (f"_op_seed({em.program.random_seed}, {h.op_index}, {em.place_idx}, "
                 f"_step[0])")
         em.emit(f"with _seeded({seed}, {em.const(em.device, 'dev')}):", h)
@@ -379,31 +381,43 @@ def _call_line(em, h, od, text):
         em.emit(text, h)
 
 
-def _emit_handle(em, h, plan):
-    kind = h.kind
-    if kind == "scale_loss_grad":
-        (out,) = [v for v in h.outputs if not v.is_dummy]
-        shape = em.const(list(h.shape), "sh")
-        dt = em.const(torch_dtype(h.dtype), "dt")
-        dev = em.const(em.device, "dev")
-        n = em.name_of(out)
-        em.emit(f"{n} = _full({shape}, {h.coeff!r}, dtype={dt}, device={dev})", h)
-        if id(out) in plan.export:
-            em.emit(f"D[{out.name!r}] = {n}", h)
-        return 1
-    if kind != "compute":
-        # a collective with nothing to do (one place, one process): the new version is the
-        # same tensor as the old one
-        ins = {(v.place_idx, v.name): v for v in h.inputs if not v.is_dummy}
-        for o in h.outputs:
-            if o.is_dummy:
-                continue
-            src = ins[(o.place_idx, o.name)]
-            if id(o) in plan.needed or id(o) in plan.export:
-                em.local[id(o)] = _load(em, src, h)
-                if id(o) in plan.export and id(src) not in plan.export:
-                    em.emit(f"D[{o.name!r}] = {em.local[id(o)]}", h)
-        return 0
+@functools.singledispatch
+def _emit_handle(h, em, plan):
+    """Emit the lines of handle ``h``; return how many ops it ran (0 for a no-op)."""
+    raise SSAExecError(f"the compiled path cannot run op handle kind {h.kind!r}")
+
+
+@_emit_handle.register
+def _(h: ScaleLossGradOpHandle, em, plan):
+    (out,) = [v for v in h.outputs if not v.is_dummy]
+    shape = em.const(list(h.shape), "sh")
+    dt = em.const(torch_dtype(h.dtype), "dt")
+    dev = em.const(em.device, "dev")
+    n = em.name_of(out)
+    em.emit(f"{n} = _full({shape}, {h.coeff!r}, dtype={dt}, device={dev})", h)
+    if id(out) in plan.export:
+        em.emit(f"D[{out.name!r}] = {n}", h)
+    return 1
+
+
+@_emit_handle.register
+def _(h: CollectiveOpHandle, em, plan):
+    # a collective with nothing to do (one place, one process): the new version is the
+    # same tensor as the old one
+    ins = {(v.place_idx, v.name): v for v in h.inputs if not v.is_dummy}
+    for o in h.outputs:
+        if o.is_dummy:
+            continue
+        src = ins[(o.place_idx, o.name)]
+        if id(o) in plan.needed or id(o) in plan.export:
+            em.local[id(o)] = _load(em, src, h)
+            if id(o) in plan.export and id(src) not in plan.export:
+                em.emit(f"D[{o.name!r}] = {em.local[id(o)]}", h)
+    return 0
+
+
+@_emit_handle.register
+def _(h: ComputationOpHandle, em, plan):
     op = h.op
     od = get_op_def(op.type)
     by_name = {v.name: v for v in h.inputs if not v.is_dummy}
@@ -510,7 +524,7 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
 
 # --- fused optimizer updates ---------------------------------------------------------------
 def _fusable(h):
-    if h.kind != "compute" or h.op.type not in FUSED:
+    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED:
         return None
     od = get_op_def(h.op.type)
     attrs = od.full_attrs(h.op.attrs)

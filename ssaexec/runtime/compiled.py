@@ -35,7 +35,7 @@ cross-stream events are recorded only on node edges that cross streams
 import threading
 
 from ..graph.aliasing import plan_aliasing
-from ..graph.ssa import COLLECTIVE_KINDS
+from ..graph.ssa import ComputationOpHandle, FetchOpHandle
 from .codegen import CloneCounter, lower_segment
 from .graph_runner import GraphRunner
 from .scheduler import DependencyPlan
@@ -58,7 +58,10 @@ class Segment:
 
     __slots__ = ("id", "place_idx", "place", "handles", "inputs", "outputs", "_producers",
                  "lowered", "after_collectives", "commit")
-    kind = "compute"
+    kind = "segment"
+    stream = "compute"
+    is_collective = False
+    on_one_place = True
 
     def __init__(self, place_idx, place):
         self.id = -1
@@ -95,6 +98,14 @@ class _Wrapped:
         return self.handle.kind
 
     @property
+    def stream(self):
+        return self.handle.stream
+
+    @property
+    def is_collective(self):
+        return self.handle.is_collective
+
+    @property
     def name(self):
         return self.handle.name
 
@@ -115,11 +126,11 @@ def partition(graph, noop_collectives, atomic=False):
     order = _program_order(graph)
     multi = set()
     for h in graph.ops:
-        if h.kind == "fetch" or (h.kind in COLLECTIVE_KINDS and not noop_collectives):
+        if isinstance(h, FetchOpHandle) or (h.is_collective and not noop_collectives):
             multi.add(h.id)
     feeds_multi = set()
     for h in graph.ops:
-        if h.id in multi and h.kind != "fetch":  # fetches wait at the end: they cut nothing
+        if h.id in multi and h.is_collective:  # fetches wait at the end: they cut nothing
             for p in h.producers():
                 feeds_multi.add(p.id)
     nodes, node_of = [], {}
@@ -131,10 +142,10 @@ def partition(graph, noop_collectives, atomic=False):
             nodes.append(node)
             node_of[h.id] = node
             continue
-        pi = h.place_idx if h.kind in ("compute", "scale_loss_grad") else \
+        pi = h.place_idx if h.on_one_place else \
             next(v.place_idx for v in h.inputs + h.outputs if not v.is_dummy)
         needs = {p.id for p in h.producers() if p.id in multi}
-        if atomic and h.kind == "compute" and h.op.role == "optimize":
+        if atomic and h.section() == "optimize":
             committing.add(pi)
         commit = pi in committing
         seg = current.get(pi)
@@ -214,7 +225,8 @@ def compile_summary(graph, local_only=True):
     alias = plan_aliasing(graph)
     nodes, _ = partition(graph, local_only and len(graph.places) == 1)
     segments = [n for n in nodes if isinstance(n, Segment)]
-    views = sum(1 for h in graph.ops if h.kind == "compute" and get_op_def(h.op.type).may_alias
+    views = sum(1 for h in graph.ops if isinstance(h, ComputationOpHandle)
+                and get_op_def(h.op.type).may_alias
                 for v in h.outputs if not v.is_dummy)
     return {"segments": len(segments), "nodes": len(nodes),
             "ops_per_segment": max((len(n.handles) for n in segments), default=0),
@@ -301,7 +313,7 @@ class CompiledRunner(GraphRunner):
             self.streams = StreamSync(self, contexts, sync, key=_node_stream_key)
         self.plan = DependencyPlan(len(self.nodes), [[p.id for p in n.producers()]
                                                      for n in self.nodes],
-                                   [not isinstance(n, Segment) and n.kind != "fetch"
+                                   [not isinstance(n, Segment) and n.is_collective
                                     for n in self.nodes])
         self.signature = self._collective_signature()
         export, reads = self._memory_plan(node_of)
@@ -427,7 +439,5 @@ class CompiledRunner(GraphRunner):
 
 
 def _node_stream_key(node):
-    if isinstance(node, Segment):
-        return (node.place_idx, "compute")
     from .streams import stream_key
-    return stream_key(node.handle)
+    return stream_key(node if isinstance(node, Segment) else node.handle)

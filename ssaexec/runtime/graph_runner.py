@@ -22,12 +22,15 @@ CUDA. Given device contexts, every handle runs on its stream
 stream; ``run`` returns when every stream is idle.
 """
 
+import functools
 import threading
 
 import torch
 
 from ..errors import OpError, SSAExecError
 from ..dtypes import torch_dtype
+from ..graph.ssa import (AllReduceOpHandle, CollectiveOpHandle, ComputationOpHandle,
+                         FetchOpHandle, ScaleLossGradOpHandle)
 from .op_call import OpCall
 from .scheduler import DependencyPlan
 
@@ -117,24 +120,20 @@ class GraphRunner:
                         tuple(v.dtype if v is not None else None for v in vars_)))
         return out
 
-    # --- handle kinds -------------------------------------------------------------------
+    # --- handle kinds (dispatched on the handle class: _compile below) ------------------
     def _compile(self, op):
-        kind = op.kind
-        if kind == "compute":
-            call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
-            scope, place, pi, step = self.scopes[op.place_idx], op.place, op.place_idx, self.step
-            return lambda: call.run(scope, place, step[0], pi)
-        if kind == "scale_loss_grad":
-            scope, name = self.scopes[op.place_idx], op.var_name
-            shape, dtype, coeff = list(op.shape), torch_dtype(op.dtype), op.coeff
-            device = op.place.device
-            return lambda: scope.set_var(name, torch.full(shape, coeff, dtype=dtype,
-                                                          device=device))
-        if kind == "fetch":
-            return self._fetch_fn(op)
-        if kind in ("all_reduce", "reduce", "broadcast"):
-            return self._collective_fn(op)
-        raise SSAExecError(f"no runner for op handle kind {kind!r}")
+        return _compile(op, self)
+
+    def _compute_fn(self, op):
+        call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
+        scope, place, pi, step = self.scopes[op.place_idx], op.place, op.place_idx, self.step
+        return lambda: call.run(scope, place, step[0], pi)
+
+    def _scale_loss_grad_fn(self, op):
+        scope, name = self.scopes[op.place_idx], op.var_name
+        shape, dtype, coeff = list(op.shape), torch_dtype(op.dtype), op.coeff
+        device = op.place.device
+        return lambda: scope.set_var(name, torch.full(shape, coeff, dtype=dtype, device=device))
 
     def _tensors(self, name, place_ids, op):
         out = []
@@ -149,9 +148,7 @@ class GraphRunner:
     def _collective_fn(self, op):
         everyone = list(range(len(self.graph.places)))
         coll = self.collective
-        kind = op.kind
-
-        fused = kind == "all_reduce" and len(op.var_names) > 1
+        fused = isinstance(op, AllReduceOpHandle) and len(op.var_names) > 1
         label = op.name
 
         def run():
@@ -160,19 +157,12 @@ class GraphRunner:
                     self._fused_all_reduce(op, everyone)
                     return
                 for name in op.var_names:
-                    if kind == "all_reduce":
-                        coll.all_reduce(self._tensors(name, everyone, op), label=label)
-                    elif kind == "reduce":
-                        coll.reduce(self._tensors(name, everyone, op), op.owner_idx,
-                                    label=label)
-                    else:
-                        coll.broadcast(self._tensors(name, everyone, op), op.root_idx,
-                                       label=label)
+                    op.apply(coll, self._tensors(name, everyone, op), label)
             except SSAExecError:
                 raise  # DistributedError too: a peer's failure must surface as itself
             except Exception as e:
                 raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
-                              kind) from e
+                              op.kind) from e
         return run
 
     def _fused_all_reduce(self, op, everyone):
@@ -233,3 +223,15 @@ class GraphRunner:
         if type(self) is GraphRunner:
             self.step[0] += 1  # only after success, as the compiled runner does
         return self.fetched
+
+
+@functools.singledispatch
+def _compile(op, runner):
+    """A zero-argument function that runs handle ``op`` for ``runner``."""
+    raise SSAExecError(f"no runner for op handle kind {op.kind!r}")
+
+
+_compile.register(ComputationOpHandle, lambda op, runner: runner._compute_fn(op))
+_compile.register(ScaleLossGradOpHandle, lambda op, runner: runner._scale_loss_grad_fn(op))
+_compile.register(FetchOpHandle, lambda op, runner: runner._fetch_fn(op))
+_compile.register(CollectiveOpHandle, lambda op, runner: runner._collective_fn(op))

@@ -49,10 +49,10 @@ class DeviceContext:
 
 def stream_key(op):
     """(place index, stream role) an op handle launches on."""
-    if op.kind in ("compute", "scale_loss_grad"):
-        return (op.place_idx, "compute")
+    if op.on_one_place:
+        return (op.place_idx, op.stream)
     first = min((v.place_idx for v in op.inputs + op.outputs if not v.is_dummy), default=0)
-    return (first, "fetch" if op.kind == "fetch" else "comm")
+    return (first, op.stream)
 
 
 def plan_stream_waits(graph, key=stream_key):
@@ -91,7 +91,7 @@ class StreamSync:
             ctx = contexts[pi]
             self.streams.append(ctx.stream(role) if ctx is not None else None)
             others = {}
-            if op.kind in ("all_reduce", "reduce", "broadcast") and ctx is not None:
+            if op.is_collective and ctx is not None:
                 for v in op.inputs + op.outputs:
                     c = None if v.is_dummy else contexts[v.place_idx]
                     if c is not None and c.device != ctx.device:
