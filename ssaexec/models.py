@@ -134,10 +134,10 @@ def build_resnet(depth=18, image_size=32, classes=10, dtype="float32", optimizer
     """
     if depth not in _RESNET_BLOCKS:
         raise ValueError(f"depth must be one of {sorted(_RESNET_BLOCKS)}, got {depth}")
-    kind, counts = _RESNET_BLOCKS[depth]
-    if cardinality > 1 and kind != "bottleneck":
+    block_type, counts = _RESNET_BLOCKS[depth]
+    if cardinality > 1 and block_type != "bottleneck":
         raise ValueError("ResNeXt needs a bottleneck depth (50, 101, 152)")
-    block = _basic_block if kind == "basic" else _bottleneck
+    block = _basic_block if block_type == "basic" else _bottleneck
     main, startup = Program(seed), Program(seed)
     with program_guard(main, startup):
         x = L.data("img", [-1, 3, image_size, image_size], dtype)

@@ -19,6 +19,7 @@ class Place:
 
     __slots__ = ("index",)
     kind = None
+    is_cuda = False
 
     def __init__(self, index=0):
         self.index = int(index)
@@ -28,9 +29,6 @@ class Place:
         """The ``torch.device`` tensors of this place live on."""
         raise NotImplementedError
 
-    @property
-    def is_cuda(self):
-        return self.kind == "cuda"
 
     def __eq__(self, other):
         return isinstance(other, Place) and (self.kind, self.index) == (other.kind, other.index)
@@ -61,6 +59,7 @@ class CUDAPlace(Place):
 
     __slots__ = ("device_index",)
     kind = "cuda"
+    is_cuda = True
 
     def __init__(self, index=0, device_index=None):
         super().__init__(index)
@@ -103,12 +102,12 @@ def parse_places(spec):
     spec = str(spec).strip()
     if spec.isdigit():
         return cuda_places()[: int(spec)] if torch.cuda.is_available() else cpu_places(int(spec))
-    kind, _, rest = spec.partition(":")
-    if kind == "cpu":
+    family, _, rest = spec.partition(":")
+    if family == "cpu":
         if rest and not rest.isdigit():
             raise SSAExecError(f"bad places {spec!r}: use cpu:N with N the number of places")
         return cpu_places(int(rest) if rest else None)
-    if kind == "cuda":
+    if family == "cuda":
         if not torch.cuda.is_available():
             raise SSAExecError(f"places {spec!r} need CUDA, but torch sees no GPU")
         if not rest:

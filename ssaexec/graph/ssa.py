@@ -168,30 +168,6 @@ class ComputationOpHandle(_OnePlace):
         return {"op_type": self.op.type, "op_index": self.op_index, "role": self.op.role}
 
 
-class ScaleLossGradOpHandle(_OnePlace):
-    """Writes ``loss@GRAD`` = ``coeff`` (shape ``shape``, dtype ``dtype``) on one place."""
-
-    __slots__ = ("var_name", "coeff", "shape", "dtype", "place", "place_idx", "op_index")
-    kind = "scale_loss_grad"
-    legend = "loss-grad scale"
-    color = "#e9d5ff"
-
-    def __init__(self, var_name, coeff, shape, dtype, place, place_idx, op_index):
-        super().__init__()
-        self.var_name, self.coeff, self.shape, self.dtype = var_name, coeff, shape, dtype
-        self.place, self.place_idx, self.op_index = place, place_idx, op_index
-
-    @property
-    def name(self):
-        return f"scale_loss_grad({self.var_name})@{self.place}"
-
-    def section(self):
-        return "backward"
-
-    def details(self):
-        return {"var": self.var_name, "coeff": self.coeff}
-
-
 class CollectiveOpHandle(OpHandle):
     """Base of the handles that span every place and call the collective backend."""
 
@@ -325,6 +301,30 @@ class FetchOpHandle(OpHandle):
     @property
     def name(self):
         return f"fetch({self.var_name})"
+
+
+class ScaleLossGradOpHandle(_OnePlace):
+    """Writes ``loss@GRAD`` = ``coeff`` (shape ``shape``, dtype ``dtype``) on one place."""
+
+    __slots__ = ("var_name", "coeff", "shape", "dtype", "place", "place_idx", "op_index")
+    kind = "scale_loss_grad"
+    legend = "loss-grad scale"
+    color = "#e9d5ff"
+
+    def __init__(self, var_name, coeff, shape, dtype, place, place_idx, op_index):
+        super().__init__()
+        self.var_name, self.coeff, self.shape, self.dtype = var_name, coeff, shape, dtype
+        self.place, self.place_idx, self.op_index = place, place_idx, op_index
+
+    @property
+    def name(self):
+        return f"scale_loss_grad({self.var_name})@{self.place}"
+
+    def section(self):
+        return "backward"
+
+    def details(self):
+        return {"var": self.var_name, "coeff": self.coeff}
 
 
 class SSAGraph:

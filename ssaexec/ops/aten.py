@@ -124,68 +124,68 @@ class CompiledCall:
             self.binds.append(tuple(entry))
         self.steps, self.kw_steps = [], []
         self.has_device = False
-        for name, kind, kwarg_only in kinds:
+        for name, enc, kwarg_only in kinds:
             value = attrs.get(name, OMIT)
             if value is OMIT:
                 continue
-            if kind == "device":
+            if enc == "device":
                 self.has_device = True
-            step = (name, self._decoder(op_type, name, kind, value))
+            step = (name, self._decoder(op_type, name, enc, value))
             (self.kw_steps if kwarg_only else self.steps).append(step)
 
-    def _decoder(self, op_type, name, kind, value):
+    def _decoder(self, op_type, name, enc, value):
         # Each decoder is fn(xs, env) -> the Python argument; constants are closed over.
         where = f"{op_type}: argument {name!r}"
-        if kind.startswith("unsupported:"):
+        if enc.startswith("unsupported:"):
             if value is None:
                 return lambda xs, env: None
-            raise ProgramError(f"{where} has schema type {kind[12:]}, which ssaexec cannot "
+            raise ProgramError(f"{where} has schema type {enc[12:]}, which ssaexec cannot "
                                "encode")
-        if kind == "generator":
+        if enc == "generator":
             if value is not None:
                 raise ProgramError(f"{where}: only a null generator is supported")
             return lambda xs, env: None
-        if kind == "device":
+        if enc == "device":
             return lambda xs, env: xs[0].device if xs else None
-        if kind == "dtype":
+        if enc == "dtype":
             if value is None:
                 return lambda xs, env: None
             dt = torch_dtype(value) if isinstance(value, str) else None
             if dt is None:
                 raise ProgramError(f"{where}: expected a dtype name, got {value!r}")
             return lambda xs, env: dt
-        if kind in ("layout", "memory_format"):
-            table = LAYOUTS if kind == "layout" else MEMORY_FORMATS
+        if enc in ("layout", "memory_format"):
+            table = LAYOUTS if enc == "layout" else MEMORY_FORMATS
             if value is None:
                 return lambda xs, env: None
             if value not in table:
                 raise ProgramError(f"{where}: expected one of {sorted(table)}, got {value!r}")
             v = table[value]
             return lambda xs, env: v
-        if kind == "literal":
+        if enc == "literal":
             return lambda xs, env: value
-        return self._value_decoder(where, kind, value)
+        return self._value_decoder(where, enc, value)
 
-    def _value_decoder(self, where, kind, value):
+    def _value_decoder(self, where, enc, value):
         # tensors, tensor lists, numbers and size expressions (possibly nested in lists)
         if isinstance(value, list):
-            parts = [self._value_decoder(where, kind, v) for v in value]
+            parts = [self._value_decoder(where, enc, v) for v in value]
             if all(getattr(p, "const", False) for p in parts):
                 v = [p(None, None) for p in parts]
                 return _const(v)
-            if kind == "size" and any(isinstance(v, str) for v in value):
+            if enc == "size" and any(isinstance(v, str) for v in value):
                 # sizes computed from the batch: cap their product before the kernel runs
                 op_type = where.split(":")[0]
                 return lambda xs, env: cap_sizes([p(xs, env) for p in parts], op_type)
             return lambda xs, env: [p(xs, env) for p in parts]
         if is_ref(value):
-            if kind not in ("tensor", "tensor_list"):
+            if enc not in ("tensor", "tensor_list"):
                 raise ProgramError(f"{where}: a tensor reference {value!r} where the schema "
                                    "takes no tensor")
             k = int(value[2:-1])
             return lambda xs, env: xs[k]
         if isinstance(value, str):
-            if kind == "literal":
+            if enc == "literal":
                 return _const(value)
             fn, symbols = parse_size_expr(value)
             missing = symbols - {b[0] for b in self.binds}

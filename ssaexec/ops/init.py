@@ -31,12 +31,12 @@ def fill_zeros_like(ins, attrs):
     return {"Out": torch.zeros_like(ins["X"])}
 
 
-def _random(kind):
+def _random(dist):
     def kernel(ins, attrs):
         shape, dtype = attrs["shape"], torch_dtype(attrs["dtype"])
         seed = attrs["seed"]
         gen = torch.Generator().manual_seed(seed) if seed else None
-        if kind == "uniform":
+        if dist == "uniform":
             t = torch.empty(shape, dtype=dtype).uniform_(attrs["min"], attrs["max"],
                                                          generator=gen)
         else:

@@ -89,15 +89,15 @@ def pool2d(ins, attrs):
     by the whole kernel area, padding counting as zeros (Paddle's rule).
     """
     x = ins["X"]
-    kind = attrs["pooling_type"]
-    if kind not in ("max", "avg"):
-        raise ValueError(f"pooling_type must be 'max' or 'avg', got {kind!r}")
+    pooling = attrs["pooling_type"]
+    if pooling not in ("max", "avg"):
+        raise ValueError(f"pooling_type must be 'max' or 'avg', got {pooling!r}")
     if attrs["global_pooling"]:
-        out = x.amax(dim=(2, 3), keepdim=True) if kind == "max" else x.mean(dim=(2, 3),
+        out = x.amax(dim=(2, 3), keepdim=True) if pooling == "max" else x.mean(dim=(2, 3),
                                                                            keepdim=True)
         return {"Out": out}
     k, s, p = _pair(attrs["ksize"]), _pair(attrs["strides"]), _pair(attrs["paddings"])
-    if kind == "max":
+    if pooling == "max":
         out = F.max_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"])
     elif attrs["exclusive"]:
         out = F.avg_pool2d(x, k, s, p, ceil_mode=attrs["ceil_mode"], count_include_pad=False)

@@ -229,21 +229,21 @@ def attr_problem(op_type, attrs, n_inputs=None):
     overload = resolve_overload(op_type)
     if overload is None:
         return None
-    kinds = {name: kind for name, kind, _ in arg_kinds(overload)}
+    kinds = {name: enc for name, enc, _ in arg_kinds(overload)}
     symbols = set()
     for name, value in attrs.items():
-        kind = kinds.get(name)
-        if name == SYM_ATTR or kind is None:
+        enc = kinds.get(name)
+        if name == SYM_ATTR or enc is None:
             continue  # @sym below; the validator refuses unknown names
-        if kind == "generator" and value is not None:
+        if enc == "generator" and value is not None:
             return name, ("a generator is not allowed: random ops draw from the place's "
                           "seeded generator (leave it out or null)")
         if name == "pin_memory" and value not in (None, False):
             return name, "pinned (page-locked) host memory is not available to programs"
-        if kind == "device" and value is not None:
+        if enc == "device" and value is not None:
             return name, "a device is not allowed: ops run on their place's device (leave it " \
                          "out or null)"
-        if kind in ("size", "tensor", "tensor_list"):
+        if enc in ("size", "tensor", "tensor_list"):
             # what the generic kernel decodes as numbers: a string that is not a tensor
             # reference is a size expression there (ssaexec.ops.aten)
             bad = _size_problem(name, value, n_inputs, symbols)

@@ -67,13 +67,13 @@ def check_attr(op_def, name, value):
     """Return an error message when ``value`` does not fit attr ``name``, else None."""
     if name not in op_def.attrs:
         return f"unknown attribute {name!r} (known: {sorted(op_def.attrs) or 'none'})"
-    kind, _ = op_def.attrs[name]
-    if value is None and kind != "bool":
+    atype, _ = op_def.attrs[name]
+    if value is None and atype != "bool":
         return None if op_def.attrs[name][1] is None else \
-            f"attribute {name!r} must be {kind}, got None"
-    if not ATTR_TYPES[kind](value):
-        return f"attribute {name!r} must be {kind}, got {type(value).__name__} {value!r}"
-    if kind == "dtype":
+            f"attribute {name!r} must be {atype}, got None"
+    if not ATTR_TYPES[atype](value):
+        return f"attribute {name!r} must be {atype}, got {type(value).__name__} {value!r}"
+    if atype == "dtype":
         try:
             torch_dtype(value)
         except ProgramError as e:

@@ -135,8 +135,8 @@ class _Parser:
         return tok
 
     def fail(self, want):
-        kind, value, col = self.peek()
-        found = "the end" if kind == "END" else repr(value)
+        tok, value, col = self.peek()
+        found = "the end" if tok == "END" else repr(value)
         raise _Fail(f"expected {want} at column {col}, found {found}")
 
     def expect(self, value):
@@ -170,8 +170,8 @@ class _Parser:
         return fn
 
     def unary(self):
-        kind, value, _ = self.peek()
-        if kind == "OP" and value in "+-":
+        tok, value, _ = self.peek()
+        if tok == "OP" and value in "+-":
             self.take()
             self.enter()
             inner = self.unary()
@@ -180,19 +180,19 @@ class _Parser:
         return self.atom()
 
     def atom(self):
-        kind, value, col = self.peek()
-        if kind == "INT":
+        tok, value, col = self.peek()
+        if tok == "INT":
             self.take()
             if len(value) > _MAX_LITERAL_DIGITS:
                 raise _Fail(f"the integer at column {col} has more than {_MAX_LITERAL_DIGITS} "
                             "digits")
             v = _check(int(value))
             return lambda env: v
-        if kind == "FLOAT":
+        if tok == "FLOAT":
             self.take()
             v = _check(float(value))
             return lambda env: v
-        if kind == "NAME":
+        if tok == "NAME":
             self.take()
             if self.peek()[1] == "(" and self.peek()[0] == "OP":
                 return self.call(value, col)
@@ -200,7 +200,7 @@ class _Parser:
                 self.fail(f"'(' after function {value}")
             self.symbols.add(value)
             return _symbol(value)
-        if kind == "OP" and value == "(":
+        if tok == "OP" and value == "(":
             self.take()
             self.enter()
             fn = self.expr()

@@ -171,20 +171,20 @@ _TOKEN = re.compile(r"""
 
 
 class _Token:
-    __slots__ = ("kind", "value", "line", "col")
+    __slots__ = ("ttype", "value", "line", "col")
 
-    def __init__(self, kind, value, line, col):
-        self.kind = kind
+    def __init__(self, ttype, value, line, col):
+        self.ttype = ttype
         self.value = value
         self.line = line
         self.col = col
 
     def describe(self):
-        if self.kind == "NL":
+        if self.ttype == "NL":
             return "end of line"
-        if self.kind == "EOF":
+        if self.ttype == "EOF":
             return "end of input"
-        if self.kind == "STRING":
+        if self.ttype == "STRING":
             return f"string {json.dumps(self.value, ensure_ascii=False)}"
         return f"'{self.value}'"
 
@@ -198,11 +198,11 @@ def _tokenize(text, source):
         if m is None:
             what = "unterminated string" if text[pos] == '"' else f"character {text[pos]!r}"
             raise ProgramError(f"{source}:{line}:{col}: unexpected {what}")
-        kind, raw = m.lastgroup, m.group()
-        if kind == "NL":
+        ttype, raw = m.lastgroup, m.group()
+        if ttype == "NL":
             tokens.append(_Token("NL", raw, line, col))
             line, line_start = line + 1, m.end()
-        elif kind == "STRING":
+        elif ttype == "STRING":
             try:
                 value = json.loads(raw)
             except ValueError as e:
@@ -212,8 +212,8 @@ def _tokenize(text, source):
                 raise ProgramError(f"{source}:{line}:{col}: string {_clip(raw)} holds an "
                                    "unpaired surrogate (not valid Unicode text)")
             tokens.append(_Token("STRING", value, line, col))
-        elif kind != "SKIP":
-            tokens.append(_Token(kind, raw, line, col))
+        elif ttype != "SKIP":
+            tokens.append(_Token(ttype, raw, line, col))
         pos = m.end()
     tokens.append(_Token("EOF", "", line, len(text) - line_start + 1))
     return tokens
@@ -260,13 +260,13 @@ class _Parser:
     # -- token helpers
     def peek(self):
         if self.depth:
-            while self.tokens[self.pos].kind == "NL":
+            while self.tokens[self.pos].ttype == "NL":
                 self.pos += 1
         return self.tokens[self.pos]
 
     def advance(self):
         tok = self.peek()
-        if tok.kind != "EOF":
+        if tok.ttype != "EOF":
             self.pos += 1
         return tok
 
@@ -277,17 +277,17 @@ class _Parser:
         tok = tok or self.peek()
         self.fail(tok, f"expected {what}, found {tok.describe()}")
 
-    def at(self, kind, value=None):
+    def at(self, ttype, value=None):
         tok = self.peek()
-        return tok.kind == kind and (value is None or tok.value == value)
+        return tok.ttype == ttype and (value is None or tok.value == value)
 
-    def expect(self, kind, value=None, what=None):
-        if not self.at(kind, value):
+    def expect(self, ttype, value=None, what=None):
+        if not self.at(ttype, value):
             self.expected(what or f"'{value}'")
         return self.advance()
 
     def skip_blank_lines(self):
-        while self.tokens[self.pos].kind == "NL":
+        while self.tokens[self.pos].ttype == "NL":
             self.pos += 1
 
     def end_of_line(self):
@@ -321,7 +321,7 @@ class _Parser:
 
     def integer(self, what="an integer"):
         tok = self.peek()
-        if tok.kind != "WORD" or not _INT.match(tok.value):
+        if tok.ttype != "WORD" or not _INT.match(tok.value):
             self.expected(what)
         self.advance()
         return self.to_int(tok)
@@ -336,7 +336,7 @@ class _Parser:
 
     def name(self, what="a name", allow_empty=False):
         tok = self.peek()
-        if tok.kind not in ("WORD", "STRING") or not (tok.value or allow_empty):
+        if tok.ttype not in ("WORD", "STRING") or not (tok.value or allow_empty):
             self.expected(what)
         return self.advance().value
 
@@ -347,7 +347,7 @@ class _Parser:
             self.expected(f"the header '{MAGIC} v{VERSION} random_seed=N'")
         self.advance()
         tok = self.peek()
-        m = re.fullmatch(r"v([0-9]+)", tok.value) if tok.kind == "WORD" else None
+        m = re.fullmatch(r"v([0-9]+)", tok.value) if tok.ttype == "WORD" else None
         if m is None:
             self.expected(f"a version like 'v{VERSION}'")
         if m.group(1).lstrip("0") != str(VERSION):
@@ -418,7 +418,7 @@ class _Parser:
             self.fail(tok, f"var {name!r} is declared twice in block {block.idx}")
         self.expect("PUNCT", ":")
         tok = self.peek()
-        if tok.kind != "WORD" or tok.value not in DTYPES:
+        if tok.ttype != "WORD" or tok.value not in DTYPES:
             self.expected(f"a dtype ({', '.join(DTYPES)})")
         dtype = self.advance().value
         shape = None
@@ -463,7 +463,7 @@ class _Parser:
         if self.at("PUNCT", "{"):
             self.open("{")
             outputs = self.slots("}")
-        elif first.kind in ("WORD", "STRING"):
+        elif first.ttype in ("WORD", "STRING"):
             outputs = {"Out": [self.name()]}
         else:
             self.expected("'var', an op ('out = type(...)' or '{Slot=out, ...} = type(...)') "
@@ -490,7 +490,7 @@ class _Parser:
             self.fail(attr_toks.get(bad[0], type_tok), bad[1])
         role = "forward"
         tok = self.peek()
-        if tok.kind == "WORD" and tok.value.startswith("@"):
+        if tok.ttype == "WORD" and tok.value.startswith("@"):
             if tok.value[1:] not in ROLES:
                 self.expected(f"a role (@{', @'.join(ROLES)})")
             role = self.advance().value[1:]
@@ -510,12 +510,12 @@ class _Parser:
 
     def value(self):
         tok = self.peek()
-        if tok.kind == "STRING":
+        if tok.ttype == "STRING":
             return self.advance().value
         if self.at("PUNCT", "["):
             self.open("[")
             return self.comma_list("]", self.value, "a value")
-        if tok.kind == "WORD":
+        if tok.ttype == "WORD":
             word = tok.value
             if word == "block":
                 self.advance()

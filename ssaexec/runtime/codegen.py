@@ -236,13 +236,13 @@ def _aten_expr(em, handle, xs, attrs):
     if compiled.binds:
         env = "(" + "".join(f"{xs[k]}.shape[{d}], " for _, k, d in compiled.binds) + ")"
 
-    def value(kind, v):
+    def value(enc, v):
         if isinstance(v, list):
-            if kind == "size" and any(isinstance(x, str) for x in v) and \
+            if enc == "size" and any(isinstance(x, str) for x in v) and \
                     all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
                 fn = _memo_size_list(v, names, handle.op.type)
                 return f"{em.const(fn, 'szl')}(_env)"
-            return "[" + ", ".join(value(kind, x) for x in v) + "]"
+            return "[" + ", ".join(value(enc, x) for x in v) + "]"
         if _aten.is_ref(v):
             return xs[int(v[2:-1])]
         if isinstance(v, str):
@@ -251,23 +251,23 @@ def _aten_expr(em, handle, xs, attrs):
         return _literal(v, em)
 
     args, kwargs = [], []
-    for name, kind, kwarg_only in _aten.arg_kinds(overload):
+    for name, enc, kwarg_only in _aten.arg_kinds(overload):
         v = attrs.get(name, _aten.OMIT)
         if v is _aten.OMIT:
             continue
-        if kind == "device":
+        if enc == "device":
             src = f"{xs[0]}.device" if xs else "None"
-        elif kind == "dtype":
+        elif enc == "dtype":
             src = "None" if v is None else em.const(torch_dtype(v), "dt")
-        elif kind in ("layout", "memory_format"):
-            table = _aten.LAYOUTS if kind == "layout" else _aten.MEMORY_FORMATS
+        elif enc in ("layout", "memory_format"):
+            table = _aten.LAYOUTS if enc == "layout" else _aten.MEMORY_FORMATS
             src = "None" if v is None else em.const(table[v], "mf")
-        elif kind == "generator" or kind.startswith("unsupported:"):
+        elif enc == "generator" or enc.startswith("unsupported:"):
             src = "None"
-        elif kind == "literal":
+        elif enc == "literal":
             src = _literal(v, em) if not isinstance(v, list) else em.const(v)
         else:
-            src = value(kind, v)
+            src = value(enc, v)
         (kwargs if kwarg_only else args).append(f"{name}={src}" if kwarg_only else src)
     call = f"{em.const(overload, 'ov')}({', '.join(args + kwargs)})"
     return call, env
