@@ -46,7 +46,7 @@ from ..program.desc import EMPTY_VAR
 from .op_call import BlockContext, OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
-__all__ = ["Lowered", "lower_segment", "CloneCounter"]
+__all__ = ["Lowered", "lower_segment", "CloneCounter", "emit_handle"]
 
 _IDS = itertools.count()
 
@@ -320,7 +320,7 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
             _emit_fused(em, group, plan)
             n_ops += 1
         else:
-            n_ops += _emit_handle(h, em, plan)
+            n_ops += emit_handle(h, em, plan)
         keep = _aliased_names(em, h)
         dead = [em.local[id(v)] for v in h.inputs
                 if not v.is_dummy and last_use.get(id(v)) == k and id(v) in em.local]
@@ -382,12 +382,16 @@ def _call_line(em, h, od, text):
 
 
 @functools.singledispatch
-def _emit_handle(h, em, plan):
-    """Emit the lines of handle ``h``; return how many ops it ran (0 for a no-op)."""
+def emit_handle(h, em, plan):
+    """Emit the lines of handle ``h`` into segment emitter ``em``; return the ops it ran.
+
+    Dispatched on the handle class; a new kind that can run inside a compiled segment
+    registers with ``@emit_handle.register``.
+    """
     raise SSAExecError(f"the compiled path cannot run op handle kind {h.kind!r}")
 
 
-@_emit_handle.register
+@emit_handle.register
 def _(h: ScaleLossGradOpHandle, em, plan):
     (out,) = [v for v in h.outputs if not v.is_dummy]
     shape = em.const(list(h.shape), "sh")
@@ -400,7 +404,7 @@ def _(h: ScaleLossGradOpHandle, em, plan):
     return 1
 
 
-@_emit_handle.register
+@emit_handle.register
 def _(h: CollectiveOpHandle, em, plan):
     # a collective with nothing to do (one place, one process): the new version is the
     # same tensor as the old one
@@ -416,7 +420,7 @@ def _(h: CollectiveOpHandle, em, plan):
     return 0
 
 
-@_emit_handle.register
+@emit_handle.register
 def _(h: ComputationOpHandle, em, plan):
     op = h.op
     od = get_op_def(op.type)

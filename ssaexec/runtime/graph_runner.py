@@ -34,7 +34,7 @@ from ..graph.ssa import (AllReduceOpHandle, CollectiveOpHandle, ComputationOpHan
 from .op_call import OpCall
 from .scheduler import DependencyPlan
 
-__all__ = ["GraphRunner"]
+__all__ = ["GraphRunner", "handle_fn"]
 
 
 class GraphRunner:
@@ -122,7 +122,7 @@ class GraphRunner:
 
     # --- handle kinds (dispatched on the handle class: _compile below) ------------------
     def _compile(self, op):
-        return _compile(op, self)
+        return handle_fn(op, self)
 
     def _compute_fn(self, op):
         call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
@@ -226,12 +226,16 @@ class GraphRunner:
 
 
 @functools.singledispatch
-def _compile(op, runner):
-    """A zero-argument function that runs handle ``op`` for ``runner``."""
+def handle_fn(op, runner):
+    """A zero-argument function that runs handle ``op`` for ``runner`` (by handle class).
+
+    A new handle kind registers here: ``@handle_fn.register`` on a function taking
+    ``(op: NewOpHandle, runner)``.
+    """
     raise SSAExecError(f"no runner for op handle kind {op.kind!r}")
 
 
-_compile.register(ComputationOpHandle, lambda op, runner: runner._compute_fn(op))
-_compile.register(ScaleLossGradOpHandle, lambda op, runner: runner._scale_loss_grad_fn(op))
-_compile.register(FetchOpHandle, lambda op, runner: runner._fetch_fn(op))
-_compile.register(CollectiveOpHandle, lambda op, runner: runner._collective_fn(op))
+handle_fn.register(ComputationOpHandle, lambda op, runner: runner._compute_fn(op))
+handle_fn.register(ScaleLossGradOpHandle, lambda op, runner: runner._scale_loss_grad_fn(op))
+handle_fn.register(FetchOpHandle, lambda op, runner: runner._fetch_fn(op))
+handle_fn.register(CollectiveOpHandle, lambda op, runner: runner._collective_fn(op))
