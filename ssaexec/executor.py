@@ -13,8 +13,8 @@ detached from the scope (later runs may update parameters in place).
 
 import weakref
 
-from .errors import FeedError, SSAExecError
-from .feed import check_feed
+from .errors import SSAExecError
+from .feed import bind_feeds, check_feed, forget_feeds, missing_data_error
 from .program.desc import Program
 from .graph.build import build_ssa_graph
 from .runtime.collective import LocalCollective
@@ -154,12 +154,8 @@ class Executor:
         feeds = check_feed(program, feed)
         missing = [n for n in plan.data_read if n not in feeds and scope.find_var(n) is None]
         if missing:
-            var = program.global_block().var(missing[0])
-            raise FeedError(f"data var {missing[0]!r} was not fed (expected shape {var.shape}, "
-                            f"dtype {var.dtype})")
-        device = self.place.device
-        for n, t in feeds.items():
-            scope.set_var(n, t.to(device, non_blocking=True))
+            raise missing_data_error(program.global_block().var(missing[0]))
+        replaced = bind_feeds([scope], [self.place], [feeds], ())
         fetched = {}
         try:
             if self.compiled:
@@ -171,12 +167,7 @@ class Executor:
                         scope.erase(n)
                 plan.step += 1
         except BaseException:
-            # a failed run's feed must not be reused by a later run that feeds nothing
-            block = program.global_block()
-            for n in feeds:
-                var = block.find_var(n)
-                if var is None or not var.persistable:
-                    scope.erase(n)
+            forget_feeds(program, [scope], [feeds], replaced)
             raise
         out = []
         for n in fetch:

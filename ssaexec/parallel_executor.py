@@ -45,9 +45,9 @@ import weakref
 import torch
 
 from . import distributed as _distributed
-from .errors import DistributedError, FeedError, SSAExecError
+from .errors import DistributedError, SSAExecError
 from .executor import Executor, fetch_names
-from .feed import check_feed, split_batch
+from .feed import bind_feeds, forget_feeds, place_feeds
 from .graph.build import build_ssa_graph
 from .program.desc import Program
 from .runtime.collective import LocalCollective
@@ -58,7 +58,7 @@ from .runtime.scheduler import Scheduler
 from .runtime.scope import Scope, global_scope
 from .strategy import BuildStrategy, ExecutionStrategy
 
-__all__ = ["ParallelExecutor", "split_batch"]
+__all__ = ["ParallelExecutor"]
 
 
 class ParallelExecutor:
@@ -280,50 +280,6 @@ class ParallelExecutor:
             strategy.compiled = compiled
 
     # --- running ------------------------------------------------------------------------
-    def _place_feeds(self, feed, allow_persistable_feed=False):
-        n = len(self.places)
-        block = self.program.global_block()
-        if isinstance(feed, (list, tuple)):
-            if len(feed) != n:
-                raise FeedError(f"a list feed needs one dict per place: got {len(feed)} for "
-                                f"{n} places")
-            per_place = [check_feed(self.program, f) for f in feed]
-            for d in per_place:
-                for name in d:
-                    self._check_feed_var(block.vars[name], allow_persistable_feed)
-            return [{k: (t if block.vars[k].is_data else t.detach().clone())
-                     for k, t in d.items()} for d in per_place]
-        feeds = check_feed(self.program, feed)
-        per_place = [{} for _ in range(n)]
-        batch = None  # (name, size) of the first split feed: the others must agree
-        for name, t in feeds.items():
-            var = block.vars[name]
-            self._check_feed_var(var, allow_persistable_feed)
-            if var.persistable:
-                # copied, once per place: never the caller's tensor, identical everywhere
-                parts = [t.detach().clone() for _ in range(n)]
-            elif var.shape and var.shape[0] == -1 and t.dim() > 0:
-                if batch is None:
-                    batch = (name, t.shape[0])
-                elif t.shape[0] != batch[1]:
-                    raise FeedError(f"feeds {batch[0]!r} and {name!r} have batch sizes "
-                                    f"{batch[1]} and {t.shape[0]}: the split data vars of one "
-                                    "step must have the same number of samples")
-                parts = split_batch(t, n, name)
-            else:
-                parts = [t if var.is_data else t.detach().clone() for _ in range(n)]
-            for d, part in zip(per_place, parts, strict=True):
-                d[name] = part
-        return per_place
-
-    @staticmethod
-    def _check_feed_var(var, allow_persistable_feed):
-        if var.persistable and not allow_persistable_feed:
-            raise FeedError(f"feed {var.name!r} is a persistable var (a parameter or optimizer "
-                            "state), not a data var: the step would update the fed tensor in "
-                            "place. Pass allow_persistable_feed=True to set it (it is copied "
-                            "to every place)")
-
     def run(self, fetch_list=None, feed=None, return_merged=True,
             allow_persistable_feed=False):
         """Run one step on every place.
@@ -357,21 +313,8 @@ class ParallelExecutor:
                                    "restart every process")
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch)
-        per_place = self._place_feeds(feed, allow_persistable_feed)
-        data_read = self._data_read()
-        block = self.program.global_block()
-        replaced = [(ls, name, ls.vars.get(name)) for ls, d in zip(self.local_scopes, per_place)
-                    for name in d if block.vars[name].persistable]
-        for pi, (ls, d) in enumerate(zip(self.local_scopes, per_place, strict=True)):
-            for v in data_read:
-                if v.name not in d and ls.find_var(v.name) is None:
-                    raise FeedError(f"data var {v.name!r} was not fed for place "
-                                    f"{self.places[pi]} (expected shape {v.shape}, dtype "
-                                    f"{v.dtype})")
-            device = self.places[pi].device
-            for name, t in d.items():
-                ls.set_var(name, t.to(device, non_blocking=True) if t.device != device
-                           else t)
+        per_place = place_feeds(self.program, feed, len(self.places), allow_persistable_feed)
+        replaced = bind_feeds(self.local_scopes, self.places, per_place, self._data_read())
         try:
             if self.distributed:
                 fetched = self._run_distributed(runner)
@@ -382,7 +325,7 @@ class ParallelExecutor:
                 if probe is not None:
                     probe.record(runner, time.perf_counter() - t0)
         except BaseException:
-            self._forget_feed(per_place, replaced)
+            forget_feeds(self.program, self.local_scopes, per_place, replaced)
             raise
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
@@ -401,20 +344,6 @@ class ParallelExecutor:
             return None
         probe.before(runner)
         return probe
-
-    def _forget_feed(self, per_place, replaced):
-        # a failed step's feed must not be reused by a later run that feeds nothing, and
-        # a persistable it set goes back to what it was
-        block = self.program.global_block()
-        for ls, d in zip(self.local_scopes, per_place, strict=True):
-            for name in d:
-                if not block.vars[name].persistable:
-                    ls.erase(name)
-        for ls, name, old in replaced:
-            if old is None:
-                ls.erase(name)
-            else:
-                ls.set_var(name, old)
 
     def _data_read(self):
         # data vars some op reads: computed once per program version, not per step
