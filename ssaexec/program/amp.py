@@ -1,0 +1,236 @@
+"""Mixed precision decided at build time: a program rewrite that makes every cast explicit.
+
+``amp_program(program, "bf16")`` returns a copy of ``program`` in which each op runs in
+the precision autocast would pick, with ``cast`` ops inserted where a value changes
+type. Both executors and every tool (``ssaexec dump``, ``viz``, ``stats``) then see and
+run the same plain program: nothing about precision is decided at run time.
+
+Policy (the lists below, by op type; a grad op ``T_grad`` follows ``T``; imported ATen
+ops ``aten.<name>.<overload>`` are listed by ``<name>``):
+
+* **low** (``LOW``): matrix products and convolutions. Floating inputs are cast to the
+  low type, so the op and its results are low precision.
+* **fp32** (``FP32``): reductions, softmax, norms, exp/log and losses. Floating inputs
+  are cast to float32.
+* everything else runs on whatever its inputs are, with torch's type promotion
+  (``bf16 + fp32`` is fp32), as autocast does.
+
+Invariants:
+
+* parameters, optimizer state and every other persistable keep their declared
+  dtype (fp32 master weights): an op whose result would change a persistable's type
+  writes a temporary that is cast back;
+* each optimizer op receives its gradient in its parameter's dtype;
+* a parameter's gradient is all-reduced in fp32 (``allreduce="fp32"``, the default:
+  the op producing the final gradient writes a low temporary, cast to the gradient
+  var) or in the low type (``allreduce="low"``: half the bytes; cast to fp32 right
+  before the optimizer op);
+* the declared dtype of every non-persistable var is the dtype its producer makes
+  (found with the registry's shape/dtype inference), so ``validate()`` passes;
+* one cast per (var version, target type): two low ops reading the same fp32 value
+  share the cast.
+
+Sub-blocks (``conditional_block``) are left as they are; they read the outer values in
+whatever type those now have.
+"""
+
+from ..dtypes import DTYPES
+from ..errors import ProgramError
+from ..ops.registry import EMPTY_VAR, get_op_def, infer_outputs
+from .desc import OpDesc
+
+__all__ = ["LOW", "FP32", "AMP_DTYPES", "amp_class", "amp_program"]
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+LOW = frozenset({
+    "mul", "matmul", "conv2d",
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear",
+    "aten.convolution", "aten.convolution_backward", "aten.addbmm", "aten.addmv", "aten.mv",
+})
+FP32 = frozenset({
+    "softmax", "log_softmax", "softmax_with_cross_entropy", "cross_entropy",
+    "square_error_cost", "mean", "reduce_sum", "reduce_mean", "layer_norm", "batch_norm",
+    "exp", "log",
+    "aten._softmax", "aten._log_softmax", "aten._softmax_backward_data",
+    "aten._log_softmax_backward_data", "aten.native_layer_norm",
+    "aten.native_layer_norm_backward", "aten.native_batch_norm",
+    "aten.native_batch_norm_backward", "aten._native_batch_norm_legit",
+    "aten._native_batch_norm_legit_functional", "aten._native_batch_norm_legit_no_training",
+    "aten.nll_loss_forward", "aten.nll_loss_backward", "aten.mse_loss",
+    "aten.mse_loss_backward", "aten.exp", "aten.log", "aten.pow", "aten.sum", "aten.mean",
+    "aten.var_mean", "aten.rsqrt", "aten.cumsum", "aten.prod", "aten.linalg_vector_norm",
+})
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def amp_class(op_type):
+    """``"low"``, ``"fp32"`` or None (run as the inputs are) for ``op_type``."""
+    base = op_type[:-len("_grad")] if op_type.endswith("_grad") else op_type
+    if base.startswith("aten."):
+        base = ".".join(base.split(".")[:2])
+    if base in LOW:
+        return "low"
+    if base in FP32:
+        return "fp32"
+    return None
+
+
+def amp_program(program, amp, allreduce="fp32"):
+    """A copy of ``program`` with explicit casts for mixed precision (module docstring).
+
+    Parameters
+    ----------
+    program : Program
+        The main program (forward, backward and optimizer ops).
+    amp : {"bf16", "fp16"}
+        The low-precision type.
+    allreduce : {"fp32", "low"}
+        The type parameter gradients are all-reduced in.
+
+    Returns
+    -------
+    Program
+    """
+    if amp not in AMP_DTYPES:
+        raise ProgramError(f"amp must be one of {sorted(AMP_DTYPES)}, got {amp!r}")
+    if allreduce not in ("fp32", "low"):
+        raise ProgramError(f"amp allreduce must be 'fp32' or 'low', got {allreduce!r}")
+    return _Rewrite(program.clone(), AMP_DTYPES[amp], allreduce).run()
+
+
+class _Rewrite:
+    def __init__(self, program, low, allreduce):
+        self.program = program
+        self.block = program.global_block()
+        self.low = low
+        self.allreduce = allreduce
+        self.dtype = {n: v.dtype for n, v in self.block.vars.items()}  # run-time dtypes
+        self.casts = {}  # (name, dtype) -> name of the cast value, until name is rewritten
+        self.param_of_grad = {g: p for op in self.block.ops for p, g in op.role_var}
+
+    def run(self):
+        i = 0
+        while i < len(self.block.ops):
+            op = self.block.ops[i]
+            cls = amp_class(op.type)
+            target = {"low": self.low, "fp32": "float32"}.get(cls)
+            before = len(self.block.ops)
+            if target is not None:
+                self._cast_inputs(i, op, target, lambda slot: True)
+            if op.role == "optimize" and "Grad" in op.inputs and "Param" in op.inputs:
+                want = self.dtype.get(op.input("Param")[0])
+                self._cast_inputs(i, op, want, lambda slot: slot == "Grad")
+            i += len(self.block.ops) - before  # casts went in before the op
+            floats = {self.dtype.get(n) for n in op.input_names()} & _FLOATS
+            # A grad kernel on mixed types may return a gradient in the promoted type (a
+            # bias grad summed from an fp32 Out@GRAD for a bf16 X). Inference assumes a
+            # gradient has its forward var's type: make that true with an explicit cast.
+            unsure = cls is None and op.type.endswith("_grad") and len(floats) > 1
+            self._infer(op)
+            i += 1 + self._fix_outputs(i, op, unsure)
+        return self.program
+
+    # --- inputs -----------------------------------------------------------------------
+    def _cast_inputs(self, i, op, target, slot_ok):
+        for slot, names in op.inputs.items():
+            if not slot_ok(slot):
+                continue
+            new = []
+            for n in names:
+                have = self.dtype.get(n)
+                if n == EMPTY_VAR or have not in _FLOATS or have == target or target is None:
+                    new.append(n)
+                    continue
+                new.append(self._cast(i, n, target, op.role))
+            op.inputs[slot] = new
+
+    def _cast(self, i, name, target, role):
+        key = (name, target)
+        have = self.casts.get(key)
+        if have is not None:
+            return have
+        out = self._temp(name, target)
+        var = self.block.var(name)
+        self.block.create_var(out, shape=var.shape, dtype=target)
+        self.block.insert_op(i, OpDesc("cast", {"X": [name]}, {"Out": [out]},
+                                       {"out_dtype": target},
+                                       role="backward" if role == "loss" else role))
+        self.dtype[out] = target
+        self.casts[key] = out
+        return out
+
+    def _temp(self, name, dtype):
+        base = f"{name}@AMP.{dtype}"
+        out, k = base, 0
+        while self.block.has_var(out):
+            k += 1
+            out = f"{base}.{k}"
+        return out
+
+    # --- outputs ----------------------------------------------------------------------
+    def _infer(self, op):
+        try:
+            op_def = get_op_def(op.type)
+            specs = {slot: [(self.block.var(n).shape, self.dtype[n]) for n in names]
+                     for slot, names in op.inputs.items()
+                     if all(n in self.dtype for n in names)}
+            result = infer_outputs(op_def, op, specs) or {}
+        except Exception:  # noqa: BLE001 - an op we cannot infer keeps its declared types
+            result = {}
+        for slot, names in op.outputs.items():
+            got = result.get(slot) or []
+            for j, n in enumerate(names):
+                if n == EMPTY_VAR:
+                    continue
+                for key in [k for k in self.casts if k[0] == n]:
+                    del self.casts[key]  # a new version: earlier casts are stale
+                spec = got[j] if j < len(got) else None
+                if spec is not None and spec[1] in DTYPES:
+                    self.dtype[n] = spec[1]
+
+    def _fix_outputs(self, i, op, unsure=False):
+        """Cast back what must keep its type; return the number of ops inserted after.
+
+        ``unsure``: the kernel's result types are not certain; cast every floating result
+        to the type inference gives it."""
+        inserted = 0
+        for slot, names in op.outputs.items():
+            for j, n in enumerate(names):
+                if n == EMPTY_VAR:
+                    continue
+                var = self.block.var(n)
+                made = self.dtype.get(n, var.dtype)
+                param = self.param_of_grad.get(n)
+                if param is not None and self._is_final_grad(op, n):
+                    keep = self.dtype[param] if self.allreduce == "fp32" else None
+                elif var.persistable:
+                    keep = var.dtype
+                else:
+                    keep = None
+                if unsure and keep is None and made in _FLOATS:
+                    keep = made
+                elif keep is None or keep == made:
+                    if not var.persistable:
+                        var.dtype = made
+                    continue
+                # write a temporary in the made type, cast it into the var
+                tmp = self._temp(n, made)
+                self.block.create_var(tmp, shape=var.shape, dtype=made)
+                names[j] = tmp
+                self.dtype[tmp] = made
+                self.dtype[n] = keep
+                var.dtype = keep
+                cast = OpDesc("cast", {"X": [tmp]}, {"Out": [n]}, {"out_dtype": keep},
+                              role=op.role)
+                self.block.insert_op(i + 1 + inserted, cast)
+                inserted += 1
+                if (param, n) in op.role_var:
+                    # the cast now makes the final gradient: the all-reduce follows it
+                    op.role_var = [pair for pair in op.role_var if pair != (param, n)]
+                    cast.role_var = [(param, n)]
+        return inserted
+
+    @staticmethod
+    def _is_final_grad(op, name):
+        return any(g == name for _, g in op.role_var)
