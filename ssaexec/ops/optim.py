@@ -6,6 +6,10 @@ in program order. The update rules match ``torch.optim`` (SGD with momentum
 and Nesterov, Adam/AdamW) so results can be checked against it. ``weight_decay``
 adds ``wd * param`` to the gradient (L2), or for Adam with ``decoupled`` shrinks
 the parameter directly (AdamW).
+
+``SkipUpdate`` (optional, a 0-dim tensor; fp16 loss scaling sets it): when it is
+nonzero the update is computed and thrown away, so parameters and state keep their
+values, decided on the device without a host sync (CUDA graphs can replay it).
 """
 
 import torch
@@ -17,8 +21,29 @@ def _decayed(grad, param, wd):
     return grad.add(param, alpha=wd) if wd else grad
 
 
-@register_op("sgd", ["Param", "Grad", "LearningRate"], ["ParamOut"],
+def _skippable(*updated):
+    """Give an in-place update an optional ``SkipUpdate`` input (module docstring)."""
+    def wrap(kernel):
+        def run(ins, attrs):
+            skip = ins.get("SkipUpdate")
+            if skip is None:
+                return kernel(ins, attrs)
+            work = dict(ins)
+            for slot in updated:
+                work[slot] = ins[slot].clone()
+            outs = kernel(work, attrs)
+            for slot in updated:
+                ins[slot].copy_(torch.where(skip != 0, ins[slot], work[slot]))
+            return {k: ins[k[:-3]] for k in outs}
+        run.__doc__ = kernel.__doc__
+        run.__name__ = kernel.__name__
+        return run
+    return wrap
+
+
+@register_op("sgd", ["Param", "Grad", "LearningRate", "SkipUpdate?"], ["ParamOut"],
              {"weight_decay": ("float", 0.0)}, grad=None, inplace=True)
+@_skippable("Param")
 def sgd(ins, attrs):
     """ParamOut = Param - lr * (Grad + wd * Param)."""
     p = ins["Param"]
@@ -27,10 +52,11 @@ def sgd(ins, attrs):
     return {"ParamOut": p}
 
 
-@register_op("momentum", ["Param", "Grad", "Velocity", "LearningRate"],
+@register_op("momentum", ["Param", "Grad", "Velocity", "LearningRate", "SkipUpdate?"],
              ["ParamOut", "VelocityOut"],
              {"mu": ("float", 0.9), "use_nesterov": ("bool", False),
               "weight_decay": ("float", 0.0)}, grad=None, inplace=True)
+@_skippable("Param", "Velocity")
 def momentum(ins, attrs):
     """Velocity = mu * Velocity + g; Param -= lr * (g + mu * Velocity if Nesterov else Velocity)."""
     p, v, lr, mu = ins["Param"], ins["Velocity"], ins["LearningRate"], attrs["mu"]
@@ -42,11 +68,12 @@ def momentum(ins, attrs):
 
 
 @register_op("adam", ["Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow",
-                      "Beta2Pow"],
+                      "Beta2Pow", "SkipUpdate?"],
              ["ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut"],
              {"beta1": ("float", 0.9), "beta2": ("float", 0.999), "epsilon": ("float", 1e-8),
               "weight_decay": ("float", 0.0), "decoupled": ("bool", False)},
              grad=None, inplace=True)
+@_skippable("Param", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
 def adam(ins, attrs):
     """Adam (or AdamW with ``decoupled``) with bias correction; Beta*Pow hold beta**step."""
     p, m1, m2 = ins["Param"], ins["Moment1"], ins["Moment2"]

@@ -30,6 +30,15 @@ Invariants:
 * one cast per (var version, target type): two low ops reading the same fp32 value
   share the cast.
 
+fp16 adds dynamic loss scaling (bf16 has fp32's range and needs none): the loss
+gradient seed is multiplied by ``@AMP.loss_scale``; after the gradients are complete
+(and all-reduced), ``amp_unscale`` divides them by the scale and sets
+``@AMP.found_inf``; every optimizer op skips its update when it is set
+(``SkipUpdate``); ``amp_update_scale`` ends the step (halve after an overflow, double
+after ``growth_interval`` clean steps) and counts ``@AMP.skipped_steps``. The state
+vars are persistables that the executors create with ``LOSS_SCALE_STATE``'s values
+when the scope lacks them. Everything stays on the device: no host sync.
+
 Sub-blocks (``conditional_block``) are left as they are; they read the outer values in
 whatever type those now have.
 """
@@ -39,7 +48,7 @@ from ..errors import ProgramError
 from ..ops.registry import EMPTY_VAR, get_op_def, infer_outputs
 from .desc import OpDesc
 
-__all__ = ["LOW", "FP32", "AMP_DTYPES", "amp_class", "amp_program"]
+__all__ = ["LOW", "FP32", "AMP_DTYPES", "amp_class", "amp_program", "LOSS_SCALE_STATE"]
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -63,6 +72,12 @@ FP32 = frozenset({
 })
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
+SCALE, TRACKER, SKIPPED, FOUND_INF = ("@AMP.loss_scale", "@AMP.growth_tracker",
+                                      "@AMP.skipped_steps", "@AMP.found_inf")
+# persistable loss-scaling state: name -> (dtype, initial value)
+LOSS_SCALE_STATE = {SCALE: ("float32", 2.0 ** 16), TRACKER: ("int32", 0),
+                    SKIPPED: ("int64", 0)}
+
 
 def amp_class(op_type):
     """``"low"``, ``"fp32"`` or None (run as the inputs are) for ``op_type``."""
@@ -76,7 +91,7 @@ def amp_class(op_type):
     return None
 
 
-def amp_program(program, amp, allreduce="fp32"):
+def amp_program(program, amp, allreduce="fp32", growth_interval=2000):
     """A copy of ``program`` with explicit casts for mixed precision (module docstring).
 
     Parameters
@@ -87,6 +102,8 @@ def amp_program(program, amp, allreduce="fp32"):
         The low-precision type.
     allreduce : {"fp32", "low"}
         The type parameter gradients are all-reduced in.
+    growth_interval : int
+        fp16: clean steps before the loss scale doubles.
 
     Returns
     -------
@@ -96,7 +113,52 @@ def amp_program(program, amp, allreduce="fp32"):
         raise ProgramError(f"amp must be one of {sorted(AMP_DTYPES)}, got {amp!r}")
     if allreduce not in ("fp32", "low"):
         raise ProgramError(f"amp allreduce must be 'fp32' or 'low', got {allreduce!r}")
-    return _Rewrite(program.clone(), AMP_DTYPES[amp], allreduce).run()
+    new = _Rewrite(program.clone(), AMP_DTYPES[amp], allreduce).run()
+    if amp == "fp16":
+        _add_loss_scaling(new.global_block(), growth_interval)
+    return new
+
+
+def _add_loss_scaling(block, growth_interval):
+    ops = block.ops
+    seeds = [op for op in ops if op.role == "loss"]
+    opt = [op for op in ops if op.role == "optimize" and "SkipUpdate" in
+           {s.name for s in get_op_def(op.type).inputs}]
+    if not seeds or not opt:
+        return
+    for name, (dtype, _) in LOSS_SCALE_STATE.items():
+        block.create_var(name, shape=[], dtype=dtype, persistable=True)
+    block.create_var(FOUND_INF, shape=[], dtype="float32")
+    # the seed: loss@GRAD = seed * scale
+    for seed in seeds:
+        (grad,) = seed.output_names()
+        var = block.var(grad)
+        raw = grad + "@AMP.unscaled"
+        block.create_var(raw, shape=var.shape, dtype=var.dtype)
+        for slot, names in seed.outputs.items():
+            seed.outputs[slot] = [raw if n == grad else n for n in names]
+        block.insert_op(ops.index(seed) + 1,
+                        OpDesc("elementwise_mul", {"X": [raw], "Y": [SCALE]}, {"Out": [grad]},
+                               {"axis": -1}, role="backward"))
+    # the gradients' casts first, then one unscale, then the updates (skippable)
+    first = min(ops.index(op) for op in ops if op.role == "optimize")
+    moved = [op for op in ops[first:] if op.role == "optimize" and op.type == "cast"]
+    for op in moved:
+        ops.remove(op)
+    for k, op in enumerate(moved):
+        block.insert_op(first + k, op)
+    grads = list(dict.fromkeys(op.input("Grad")[0] for op in opt))
+    block.insert_op(first + len(moved),
+                    OpDesc("amp_unscale", {"Grads": grads, "Scale": [SCALE]},
+                           {"GradsOut": grads, "FoundInf": [FOUND_INF]}, role="optimize"))
+    for op in opt:
+        op.inputs["SkipUpdate"] = [FOUND_INF]
+    block.append_op("amp_update_scale",
+                    {"Scale": [SCALE], "GrowthTracker": [TRACKER], "FoundInf": [FOUND_INF],
+                     "SkippedSteps": [SKIPPED]},
+                    {"ScaleOut": [SCALE], "GrowthTrackerOut": [TRACKER],
+                     "SkippedStepsOut": [SKIPPED]},
+                    {"growth_interval": int(growth_interval)}, role="optimize")
 
 
 class _Rewrite:

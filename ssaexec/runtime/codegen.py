@@ -528,7 +528,8 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
 
 # --- fused optimizer updates ---------------------------------------------------------------
 def _fusable(h):
-    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED:
+    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED or \
+            h.op.input("SkipUpdate"):
         return None
     od = get_op_def(h.op.type)
     attrs = od.full_attrs(h.op.attrs)
