@@ -219,6 +219,85 @@ class BlockDesc:
         self.program._version += 1
         return var
 
+    def remove_var(self, name):
+        """Remove the declaration of ``name`` from this block.
+
+        Parameters
+        ----------
+        name : str
+            A var declared in this block (not an ancestor).
+
+        Returns
+        -------
+        VarDesc
+            The removed declaration. Ops that name ``name`` are left as they are.
+
+        Raises
+        ------
+        ProgramError
+            When ``name`` is not declared in this block.
+        """
+        if name not in self.vars:
+            raise ProgramError(f"block {self.idx}: var {name!r} is not declared here")
+        self.program._version += 1
+        return self.vars.pop(name)
+
+    def rename_var(self, old, new):
+        """Rename var ``old`` to ``new`` throughout this block.
+
+        Every input and output slot and every ``role_var`` entry of this block's
+        ops that names ``old`` names ``new`` afterwards. When ``old`` is declared
+        in this block, its ``VarDesc`` takes the new name (and becomes the block's
+        last declaration); otherwise only the references change, which merges
+        ``old`` into an existing ``new`` after ``remove_var(old)``.
+
+        Parameters
+        ----------
+        old, new : str
+            The current and the new var name.
+
+        Raises
+        ------
+        ProgramError
+            When both ``old`` and ``new`` are declared in this block.
+        """
+        if old in self.vars:
+            if new in self.vars:
+                raise ProgramError(f"block {self.idx}: cannot rename var {old!r} to {new!r}, "
+                                   "which is already declared")
+            var = self.vars.pop(old)
+            var.name = new
+            self.vars[new] = var
+
+        def swap(names):
+            return [new if n == old else n for n in names]
+
+        for op in self.ops:
+            op.inputs = {k: swap(v) for k, v in op.inputs.items()}
+            op.outputs = {k: swap(v) for k, v in op.outputs.items()}
+            op.role_var = [tuple(swap(pair)) for pair in op.role_var]
+        self.program._version += 1
+
+    def add_role_var(self, op, param, grad):
+        """Record that ``op`` writes ``grad``, the final gradient of parameter ``param``.
+
+        Parameters
+        ----------
+        op : OpDesc
+            An op of this block; the pair is appended to its ``role_var``.
+        param, grad : str
+            The parameter's and its gradient's var names.
+
+        Raises
+        ------
+        ProgramError
+            When ``op`` is not an op of this block.
+        """
+        if not any(o is op for o in self.ops):
+            raise ProgramError(f"block {self.idx}: {op!r} is not an op of this block")
+        op.role_var = op.role_var + [(param, grad)]
+        self.program._version += 1
+
     def has_var(self, name):
         """True when ``name`` is declared in this block or an ancestor."""
         return self.find_var(name) is not None

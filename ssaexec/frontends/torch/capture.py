@@ -1,0 +1,265 @@
+"""Capture: trace a module's forward *and* backward into one functional ATen graph.
+
+``capture_joint`` runs AOTAutograd's joint export (``aot_export_module`` with
+``trace_joint=True``) on fake tensors whose batch dimension is a symbol, and
+hands the lowering a ``Joint``: the FX graph plus what its nodes mean.
+
+Policy:
+
+* torch's private capture API sits in this module (``torch._functorch``,
+  ``torch._subclasses``, a module's ``_parameters`` and ``_buffers`` tables, an
+  overload's ``_schema`` and ``_overloadname``), so a new torch version is
+  adapted here (tested with torch 2.13 and 2.14, see docs/torch_frontend.md).
+  The only other private names the importer reads are on the error path
+  (``locate``: ``TorchDispatchMode``, an overload's ``_schema``).
+* The user's module is never changed: its parameters and buffers are swapped for
+  fake copies while tracing and always restored; nothing real is computed.
+* Every capture failure becomes a ``ProgramError`` that names the construct
+  and, where it can, the module path (``locate.capture_error``).
+
+Invariants of a ``Joint``:
+
+* ``feeds`` are the keys of ``example_inputs`` in order; parameter and buffer
+  names are the module's own (the wrapper's ``module.`` prefix stripped);
+* the batch symbols are named ``s0, s1 ...`` in input order, each bound to the
+  first input dimension that is exactly that symbol, and every batched input's
+  dimension 0 is symbolic (a module that fixes it is refused);
+* ``seed`` is the one ``ones_like`` of the loss that seeds the backward;
+* no input or parameter is mutated in place and no op has side effects.
+"""
+
+import inspect
+
+import torch
+
+from ...dtypes import DTYPES
+from ...errors import ProgramError
+from .locate import capture_error, locate_mutation
+
+__all__ = ["LossWrapper", "Joint", "check_inputs", "capture_joint", "op_type",
+           "strip_wrapped"]
+
+# LossWrapper holds the user's module as ``module``, so its state names start so
+_PREFIX = "module."
+_SEEDS = frozenset({"aten.ones_like.default", "aten.full_like.default"})
+
+
+def strip_wrapped(name):
+    """A wrapper state name without the ``module.`` prefix (the module's own name)."""
+    return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+
+
+def check_inputs(module, example_inputs, loss_fn, unbatched):
+    """The checked ``example_inputs`` as a new dict (``ProgramError`` for a bad argument)."""
+    if not isinstance(example_inputs, dict) or not example_inputs:
+        raise ProgramError("from_torch: example_inputs must be a non-empty dict mapping the "
+                           "forward's argument names to example tensors")
+    for name, t in example_inputs.items():
+        if not isinstance(name, str) or not name:
+            raise ProgramError(f"from_torch: example_inputs keys must be names, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise ProgramError(f"from_torch: example input {name!r} is a "
+                               f"{type(t).__name__}, not a tensor")
+        if t.dtype not in DTYPES.values():
+            raise ProgramError(f"from_torch: example input {name!r} has dtype {t.dtype}, which "
+                               f"programs cannot hold (use one of {sorted(DTYPES)})")
+    unknown = [n for n in unbatched if n not in example_inputs]
+    if unknown:
+        raise ProgramError(f"from_torch: unbatched names {unknown} are not example inputs")
+    for name, t in example_inputs.items():
+        if name not in unbatched and (t.dim() == 0 or t.shape[0] < 2):
+            raise ProgramError(
+                f"from_torch: example input {name!r} has shape {list(t.shape)}; dimension 0 is "
+                "the batch and must be at least 2 (a batch of 1 would be traced as a constant), "
+                "or name the input in unbatched=")
+    if loss_fn is not None and "target" not in example_inputs:
+        raise ProgramError("from_torch: with loss_fn, example_inputs must also hold 'target', "
+                           "the second argument of loss_fn(output, target)")
+    names = [n for n in example_inputs if not (loss_fn is not None and n == "target")]
+    try:
+        inspect.signature(module.forward).bind(**{n: None for n in names})
+    except TypeError as e:
+        params = list(inspect.signature(module.forward).parameters)
+        raise ProgramError(f"from_torch: example_inputs {names} do not fit the forward of "
+                           f"{type(module).__name__}{tuple(params)}: {e}") from None
+    return dict(example_inputs)
+
+
+class LossWrapper(torch.nn.Module):
+    """The traced root: calls the module by keyword and returns ``(loss,)``.
+
+    ``module`` is the user's module, ``names`` the input names in
+    order and ``loss_fn`` the loss function or None.
+    """
+
+    def __init__(self, module, names, loss_fn):
+        super().__init__()
+        self.module = module
+        self.names = list(names)
+        self.loss_fn = loss_fn
+
+    def around(self, module):
+        """A wrapper with the same inputs and loss around ``module`` (a copy, say)."""
+        return LossWrapper(module, self.names, self.loss_fn)
+
+    def forward(self, *tensors):
+        kw = dict(zip(self.names, tensors, strict=True))
+        target = kw.pop("target") if self.loss_fn is not None else None
+        out = self.module(**kw)
+        loss = self.loss_fn(out, target) if self.loss_fn is not None else out
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else \
+                f"a tensor of shape {list(loss.shape)}"
+            raise ProgramError(
+                f"from_torch: the loss must be a scalar tensor, got {what}; "
+                + ("pass loss_fn=... (and a 'target' input) when the forward returns logits"
+                   if self.loss_fn is None else "make loss_fn reduce to a scalar"))
+        return (loss,)
+
+
+class Joint:
+    """What ``capture_joint`` hands to the lowering: an FX graph plus its meaning.
+
+    FX nodes keyed to names (feeds, parameters, buffers, gradients, mutated
+    buffers), the loss and its gradient seed, and ``expr``, which renders a
+    node's symbolic size as a number or a size expression over ``symbols``
+    (symbol -> (feed name, dimension)), so the lowering needs no sympy.
+    """
+
+    __slots__ = ("gm", "feeds", "params", "buffers", "param_order", "buffer_order", "loss",
+                 "seed", "grads", "mutations", "symbols", "expr", "wrapper")
+
+
+def capture_joint(module, inputs, loss_fn, batched):
+    """Trace ``loss_fn(module(**inputs), target)`` forward and backward into one ATen graph.
+
+    Uses ``torch._functorch.aot_autograd.aot_export_module(trace_joint=True)``
+    on fake tensors whose batch dimension is a symbol (``FakeTensorMode`` with a
+    ``ShapeEnv``). Parameters and buffers are swapped for fake copies while
+    tracing (and always restored), so nothing real is computed or changed.
+    Tested with torch 2.13 and 2.14 (see docs/torch_frontend.md).
+    """
+    import sympy
+    from torch._functorch.aot_autograd import aot_export_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    wrapper = LossWrapper(module, list(inputs), loss_fn)
+    shape_env = ShapeEnv()
+    fake_mode = FakeTensorMode(shape_env=shape_env)
+    fakes = []
+    for name, t in inputs.items():
+        # DUCK: batch dims of equal size share one symbol (x and target have one batch)
+        dims = [DimDynamic.DUCK if d == 0 and name in batched else DimDynamic.STATIC
+                for d in range(t.dim())]
+        fakes.append(fake_mode.from_tensor(
+            t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+    swapped = []
+    try:
+        fake_of = {}
+        for mod in wrapper.modules():
+            for table in (mod._parameters, mod._buffers):
+                for key, real in list(table.items()):
+                    if real is None:
+                        continue
+                    fake = fake_of.get(id(real))
+                    if fake is None:  # tied tensors stay tied
+                        fake = fake_mode.from_tensor(real, static_shapes=True)
+                        if isinstance(real, torch.nn.Parameter):
+                            fake = torch.nn.Parameter(fake, requires_grad=real.requires_grad)
+                        fake_of[id(real)] = fake
+                    swapped.append((table, key, real))
+                    table[key] = fake
+        # Inside the fake mode: the export re-traces its joint graph with make_fx, and factory
+        # ops with symbolic sizes (an LSTM's zero state) must not reach real kernels there.
+        with fake_mode:
+            gm, sig = aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0)
+    except ProgramError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every capture failure becomes a ProgramError
+        raise capture_error(e, wrapper) from e
+    finally:
+        for table, key, real in reversed(swapped):
+            table[key] = real
+
+    nodes = {n.name: n for n in gm.graph.nodes}
+    joint = Joint()
+    joint.gm, joint.wrapper = gm, wrapper
+    joint.param_order = [strip_wrapped(p) for p in sig.parameters]
+    joint.buffer_order = [strip_wrapped(b) for b in sig.buffers]
+    joint.params = {nodes[k]: strip_wrapped(v) for k, v in sig.inputs_to_parameters.items()}
+    joint.buffers = {nodes[k]: strip_wrapped(v) for k, v in sig.inputs_to_buffers.items()}
+    joint.feeds = {nodes[k]: name for k, name in zip(sig.user_inputs, inputs, strict=True)}
+    problems = []
+    for what, table in (("an input", sig.user_inputs_to_mutate),
+                        ("a parameter", getattr(sig, "parameters_to_mutate", {}) or {})):
+        for target in table.values():
+            problems.append((what, strip_wrapped(target) if what != "an input" else target))
+    if problems:
+        what, name = problems[0]
+        if what == "an input":
+            name = dict(zip(sig.user_inputs, inputs, strict=True)).get(name, name)
+        raise ProgramError(
+            f"from_torch: in-place mutation of {what} ({name!r}) in "
+            f"{locate_mutation(wrapper, inputs, name if what == 'an input' else None)}; the "
+            "program treats inputs and parameters as values: write the result to a new tensor")
+    if getattr(sig, "input_tokens", None) or getattr(sig, "output_tokens", None):
+        raise ProgramError(f"from_torch: the forward of {type(module).__name__} calls an op "
+                           "with side effects (effect tokens), which programs cannot express")
+    joint.loss = nodes[sig.user_outputs[0]]
+    bwd = sig.backward_signature
+    joint.grads = [(nodes[k], strip_wrapped(v)) for k, v in bwd.gradients_to_parameters.items()]
+    joint.mutations = [(nodes[k], strip_wrapped(v)) for k, v in sig.buffers_to_mutate.items()]
+    seeds = [u for u in joint.loss.users if op_type(u) in _SEEDS]
+    if len(seeds) != 1:
+        raise ProgramError(f"from_torch: cannot find the loss-gradient seed in the graph torch "
+                           f"{torch.__version__} captured (expected one ones_like of the loss, "
+                           f"found {len(seeds)}); this torch version is not supported")
+    joint.seed = seeds[0]
+
+    # Symbols: name them s0, s1 ... in input order, each bound to the first input
+    # dimension that is exactly that symbol.
+    rename, joint.symbols = {}, {}
+    for node, name in joint.feeds.items():
+        for d, size in enumerate(node.meta["val"].shape):
+            e = size.node.expr if isinstance(size, torch.SymInt) else None
+            if isinstance(e, sympy.Symbol) and e not in rename:
+                new = f"s{len(rename)}"
+                rename[e] = sympy.Symbol(new, integer=True, positive=True)
+                joint.symbols[new] = (name, d)
+        if name in batched:
+            size = node.meta["val"].shape[0]
+            e = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            if e.is_number:
+                raise ProgramError(
+                    f"from_torch: the forward of {type(module).__name__} fixes the batch size of "
+                    f"input {name!r} to {int(e)} (e.g. x.view({int(e)}, -1) or a check on "
+                    "x.shape[0]); the program must run any batch size: use x.view(x.shape[0], "
+                    f"-1)/x.flatten(1), or name {name!r} in unbatched=")
+
+    def expr(value):
+        """A meta value (int, float, bool, SymInt, SymFloat) as a number or size expression."""
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            e = value.node.expr
+            if e.is_number:
+                return bool(e) if isinstance(value, torch.SymBool) else \
+                    (int(e) if isinstance(value, torch.SymInt) else float(e))
+            unknown = e.free_symbols - set(rename)
+            if unknown:
+                raise ProgramError(f"from_torch: a size depends on {sorted(map(str, unknown))}, "
+                                   "which no input dimension defines (data-dependent shape)")
+            return str(e.xreplace(rename))
+        return value
+
+    joint.expr = expr
+    return joint
+
+
+def op_type(node):
+    """``aten.<name>.<overload>`` for a call of an operator overload, else None."""
+    t = node.target
+    schema, overload = getattr(t, "_schema", None), getattr(t, "_overloadname", None)
+    if node.op != "call_function" or schema is None or overload is None:
+        return None
+    return f"{t.namespace}.{schema.name.split('::')[-1]}.{overload}"
