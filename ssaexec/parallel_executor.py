@@ -53,6 +53,7 @@ from .program.desc import Program
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
+from .dtypes import torch_dtype
 from .place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
 from .runtime.scope import Scope, global_scope
@@ -107,12 +108,16 @@ class ParallelExecutor:
         self.scope = scope if scope is not None else global_scope()
         self._failed = None
         dist_collective = self._distributed_setup(distributed)
+        if self.exec_strategy.cuda_graph:
+            from .runtime.cuda_graph import check_places
+            check_places(self.places, dist_collective is not None)
         n = len(self.places)
         threads = self.exec_strategy.num_threads or min(8, n + 1)
         self._scheduler = Scheduler(threads, name="ssaexec")
         self._collective = dist_collective or LocalCollective()
         self.distributed = dist_collective is not None
         self._runners = {}
+        self._step_graphs = {}  # id(runner) -> runtime.cuda_graph.StepGraphs
         self._probes = {}
         self._device_contexts = None
         self._prev_torch_threads = None
@@ -121,6 +126,7 @@ class ParallelExecutor:
         try:
             if startup_program is not None:
                 Executor(self.places[0]).run(startup_program, scope=self.scope)
+            self._init_amp_state()
             self.local_scopes = [Scope() for _ in self.places]
             if self.distributed:
                 self._sync_processes()
@@ -130,6 +136,29 @@ class ParallelExecutor:
             raise
 
     # --- set-up -------------------------------------------------------------------------
+    @property
+    def run_program(self):
+        """The program the places run: ``main_program``, or its mixed-precision rewrite
+        under ``ExecutionStrategy(amp=...)`` (``ssaexec.program.amp``)."""
+        st = self.exec_strategy
+        if st.amp is None:
+            return self.program
+        key = (self.program._version, st.amp, st.amp_allreduce)
+        cached = getattr(self, "_amp_cache", None)
+        if cached is None or cached[0] != key:
+            from .program.amp import amp_program
+            cached = self._amp_cache = (key, amp_program(self.program, st.amp,
+                                                         st.amp_allreduce))
+        return cached[1]
+
+    def _init_amp_state(self):
+        # the fp16 loss-scaling state starts at its defaults unless the scope has it
+        from .program.amp import LOSS_SCALE_STATE
+        block = self.run_program.global_block()
+        for name, (dtype, value) in LOSS_SCALE_STATE.items():
+            if block.find_var(name) is not None and self.scope.find_var(name) is None:
+                self.scope.set_var(name, torch.tensor(value, dtype=torch_dtype(dtype)))
+
     def _set_torch_threads(self):
         cpu = [p for p in self.places if not p.is_cuda]
         want = self.exec_strategy.torch_threads
@@ -191,7 +220,7 @@ class ParallelExecutor:
         items = [("local places", len(self.places)), ("build strategy", key),
                  ("debug mode", coll.debug)]
         tensors = []
-        for var in self.program.global_block().vars.values():
+        for var in self.run_program.global_block().vars.values():
             if not var.persistable:
                 continue
             t = self.scope.find_var(var.name)
@@ -207,7 +236,7 @@ class ParallelExecutor:
         coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
 
     def _broadcast_persistables(self):
-        block = self.program.global_block()
+        block = self.run_program.global_block()
         for var in block.vars.values():
             if not var.persistable:
                 continue
@@ -235,15 +264,16 @@ class ParallelExecutor:
         return self._device_contexts
 
     def _runner(self, fetch):
-        compiled = self.exec_strategy.compiled
-        runner = self._runners.get((fetch, compiled))
+        compiled, amp = self.exec_strategy.compiled, self.exec_strategy.amp
+        runner = self._runners.get((fetch, compiled, amp))
         if runner is None:
-            graph = build_ssa_graph(self.program, self.places, self.build_strategy, list(fetch))
+            graph = build_ssa_graph(self.run_program, self.places, self.build_strategy,
+                                    list(fetch))
             graph.lint()
             kind = CompiledRunner if compiled else GraphRunner
             runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
                           self._contexts(), self.exec_strategy.sync)
-            self._runners[(fetch, compiled)] = runner
+            self._runners[(fetch, compiled, amp)] = runner
         return runner
 
     def graph(self, fetch_list=None):
@@ -314,10 +344,19 @@ class ParallelExecutor:
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch)
         per_place = place_feeds(self.program, feed, len(self.places), allow_persistable_feed)
-        replaced = bind_feeds(self.local_scopes, self.places, per_place, self._data_read())
+        replaced = []
+
+        def bind(parts):
+            replaced.extend(bind_feeds(self.local_scopes, self.places, parts,
+                                       self._data_read()))
+        graphs = self._graphs_of(runner) if self.exec_strategy.cuda_graph else None
+        if graphs is None:
+            bind(per_place)
         try:
             if self.distributed:
                 fetched = self._run_distributed(runner)
+            elif graphs is not None:
+                fetched = graphs.run(per_place, bind, self.exec_strategy.sync)
             else:
                 probe = self._threading_probe(runner)
                 t0 = time.perf_counter()
@@ -329,6 +368,26 @@ class ParallelExecutor:
             raise
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _graphs_of(self, runner):
+        graphs = self._step_graphs.get(id(runner))
+        if graphs is None:
+            from .runtime.cuda_graph import StepGraphs
+            st = self.exec_strategy
+            persist = [v.name for v in self.run_program.global_block().vars.values()
+                       if v.persistable]
+            graphs = self._step_graphs[id(runner)] = StepGraphs(
+                runner, persist, st.cuda_graph_warmup, st.cuda_graph_cache)
+        return graphs
+
+    def cuda_graph_status(self, fetch_list=None):
+        """Captured CUDA graphs for ``fetch_list``: ``{"captured", "replays", "cached",
+        "fallback"}`` (``fallback`` names why steps run without graphs), or None when
+        ``ExecutionStrategy(cuda_graph=True)`` is off or no step ran yet."""
+        runner = self._runners.get((fetch_names(fetch_list), self.exec_strategy.compiled,
+                                    self.exec_strategy.amp))
+        graphs = self._step_graphs.get(id(runner)) if runner is not None else None
+        return graphs.status() if graphs is not None else None
 
     def _threading_probe(self, runner):
         # Several CPU places of one process share the GIL: with tiny kernels the pool's
@@ -371,7 +430,7 @@ class ParallelExecutor:
         _distributed.abort(f"rank {_distributed.rank()}: {self._failed}")
 
     def _merge(self, name, values):
-        var = self.program.global_block().find_var(name)
+        var = self.run_program.global_block().find_var(name)
         shape = var.shape if var is not None else None
         if len(values) == 1:
             return values[0]

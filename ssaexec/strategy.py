@@ -90,7 +90,18 @@ class ExecutionStrategy:
         CUDA only: cross-stream edges wait on events (non-blocking) or synchronise
         the producer's stream (easy to debug). Switchable between runs.
     amp : {None, "bf16", "fp16"}
-        Reserved for mixed precision on CUDA; not implemented yet (an error).
+        Mixed precision (``ssaexec.program.amp``): matrix products and convolutions in
+        the low type, reductions, softmax, norms and losses in fp32, parameters and
+        optimizer state fp32; fp16 adds dynamic loss scaling. Works on CPU places too.
+    amp_allreduce : {"fp32", "low"}
+        The type parameter gradients are all-reduced in under ``amp``.
+    cuda_graph : bool
+        CUDA places on one device: after ``cuda_graph_warmup`` steps, capture the whole
+        step as one CUDA graph and replay it (``runtime.cuda_graph``); refused on CPU.
+    cuda_graph_warmup : int
+        Steps run normally before the capture (lazy initialisation, allocator warm-up).
+    cuda_graph_cache : int
+        Captured graphs kept, one per feed shape (least recently used goes first).
     torch_threads : int, optional
         torch intra-op threads per place; default: cores // places (at least 1).
     compiled : bool
@@ -99,21 +110,26 @@ class ExecutionStrategy:
         ``OpCall`` per op handle through the scheduler (per-op traces use it).
     """
 
-    __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled")
+    __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled", "amp_allreduce",
+                 "cuda_graph", "cuda_graph_warmup", "cuda_graph_cache")
 
     def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None,
-                 compiled=True):
+                 compiled=True, amp_allreduce="fp32", cuda_graph=False, cuda_graph_warmup=2,
+                 cuda_graph_cache=4):
         if num_threads is not None and num_threads < 1:
             raise SSAExecError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
         self.sync = _check("sync", sync, ("event", "wait"))
         self.amp = _check("amp", amp, (None, "bf16", "fp16"))
-        if amp is not None:
-            # refuse rather than silently run fp32: the grad kernels need autocast-aware
-            # dtype handling first (see the CUDA issue)
-            raise SSAExecError(f"amp={amp!r} is not implemented yet; run in fp32 (amp=None)")
+        self.amp_allreduce = _check("amp_allreduce", amp_allreduce, ("fp32", "low"))
         self.torch_threads = torch_threads
         self.compiled = bool(compiled)
+        self.cuda_graph = bool(cuda_graph)
+        if cuda_graph_warmup < 1 or cuda_graph_cache < 1:
+            raise SSAExecError(f"cuda_graph_warmup and cuda_graph_cache must be >= 1, got "
+                               f"{cuda_graph_warmup} and {cuda_graph_cache}")
+        self.cuda_graph_warmup = int(cuda_graph_warmup)
+        self.cuda_graph_cache = int(cuda_graph_cache)
 
     def __repr__(self):
         return "ExecutionStrategy(" + ", ".join(f"{s}={getattr(self, s)!r}"

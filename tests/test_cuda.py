@@ -153,3 +153,63 @@ def test_imported_transformer_on_cuda_copies_nothing():
         runner = pe._runner((loss,))
         assert runner.clones == 0 and len(runner.segments) == 1
         assert torch.isfinite(lv)
+
+
+# --- whole-step CUDA graphs (ExecutionStrategy(cuda_graph=True)) ----------------------------
+
+def _graph_run(n, cuda_graph, batch_norm, steps=10, shapes=None, lr_schedule=True):
+    main, startup, loss = build_cnn("float32", make_optimizer("momentum", 0.05), size=8,
+                                    filters=(4, 6), batch_norm=batch_norm)
+    g = torch.Generator().manual_seed(3)
+    shapes = shapes or [4 * n] * steps
+    feeds = [{"img": torch.randn(b, 1, 8, 8, generator=g),
+              "label": torch.randint(0, 10, (b, 1), generator=g)} for b in shapes]
+    st = se.ExecutionStrategy(cuda_graph=cuda_graph, cuda_graph_warmup=2)
+    with se.ParallelExecutor(_places(n), main, startup, loss, exec_strategy=st,
+                             scope=se.Scope()) as pe:
+        losses = []
+        for k, feed in enumerate(feeds):
+            if lr_schedule:  # a schedule that rebinds the learning rate every step
+                for s in pe.local_scopes:
+                    s.set_var("learning_rate_0", torch.tensor(0.05 / (1 + k), device="cuda"))
+            losses.append(pe.run([loss], feed=feed, return_merged=False)[0])
+        params = {p.name: [s.find_var(p.name).cpu() for s in pe.local_scopes]
+                  for p in main.all_parameters()}
+        return losses, params, pe.cuda_graph_status([loss])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_cuda_graph_replay_equals_the_normal_run_bit_for_bit(n, batch_norm):
+    ref, ref_params, none = _graph_run(n, False, batch_norm)
+    got, got_params, status = _graph_run(n, True, batch_norm)
+    assert none is None and status["captured"] == 1 and status["replays"] == 8, status
+    for a, b in zip(ref, got, strict=True):
+        assert all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a, b, strict=True))
+    for name, vals in ref_params.items():
+        assert all(torch.equal(x, y) for x, y in zip(vals, got_params[name], strict=True)), name
+
+
+def test_a_new_feed_shape_is_captured_again_and_old_ones_are_replayed():
+    shapes = [8, 8, 8, 8, 6, 6, 6, 6, 8, 6]
+    ref, _, _ = _graph_run(2, False, False, shapes=shapes)
+    got, _, status = _graph_run(2, True, False, shapes=shapes)
+    assert status["captured"] == 2 and status["cached"] == 2, status
+    for a, b in zip(ref, got, strict=True):
+        assert all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a, b, strict=True))
+
+
+def test_a_step_that_cannot_be_captured_falls_back_with_one_warning():
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        x = se.layers.data("x", [-1, 8])
+        h = se.layers.dropout(se.layers.fc(x, 8), 0.5)
+        loss = se.layers.mean(h)
+        se.optimizer.SGD(0.1).minimize(loss)
+    st = se.ExecutionStrategy(cuda_graph=True)
+    with pytest.warns(RuntimeWarning, match="dropout.*cannot be captured"):
+        with se.ParallelExecutor(_places(1), main, startup, loss.name, exec_strategy=st,
+                                 scope=se.Scope()) as pe:
+            for _ in range(4):
+                pe.run([loss], feed={"x": torch.randn(4, 8)})
+            assert "dropout" in pe.cuda_graph_status([loss])["fallback"]

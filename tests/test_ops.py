@@ -25,7 +25,7 @@ from hypothesis import given, settings, strategies as st
 from ssaexec.ops.registry import get_op_def, infer_outputs, registered_ops
 from ssaexec.program.desc import OpDesc
 
-from op_cases import CASES, EW_REFS, F64, OpCase, ew_ref  # tests/ is on sys.path (conftest)
+from op_cases import CASES, EW_REFS, F64, OpCase, ew_ref, rn  # tests/ is on sys.path (conftest)
 
 RTOL = 1e-6
 
@@ -511,6 +511,54 @@ def test_adam_matches_torch(decoupled, wd):
     assert_match(m2, state["exp_avg_sq"], "adam Moment2")
     assert_match(b1p, torch.tensor([b1 ** STEPS], dtype=F64), "adam Beta1Pow")
     assert_match(b2p, torch.tensor([b2 ** STEPS], dtype=F64), "adam Beta2Pow")
+
+
+@covers("amp_unscale", "amp_update_scale")
+def test_loss_scaling_ops_follow_torch_grad_scaler():
+    # the same rule as torch.amp.GradScaler (growth 2, backoff 0.5), computed on the device
+    unscale, update = get_op_def("amp_unscale"), get_op_def("amp_update_scale")
+    attrs = update.full_attrs({"growth_interval": 2})
+    scale = torch.tensor(8.0)
+    tracker, skipped = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int64)
+    history = []
+    for grads in ([rn(3), rn(2, 2)], [rn(3), rn(2, 2)], [torch.tensor([1.0, float("inf")])],
+                  [rn(3)]):
+        grads = [g.float() for g in grads]
+        want = [g / scale for g in grads]
+        out = unscale.kernel({"Grads": grads, "Scale": scale}, {})
+        assert out["GradsOut"][0] is grads[0]  # in place
+        found = float(out["FoundInf"])
+        if not found:
+            assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
+        update.kernel({"Scale": scale, "GrowthTracker": tracker, "FoundInf": out["FoundInf"],
+                       "SkippedSteps": skipped}, attrs)
+        history.append((found, float(scale), int(tracker), int(skipped)))
+    assert history == [(0.0, 8.0, 1, 0), (0.0, 16.0, 0, 0), (1.0, 8.0, 0, 1), (0.0, 8.0, 1, 1)]
+
+
+@pytest.mark.parametrize("type", ["sgd", "momentum", "adam"])
+def test_a_skipped_update_changes_nothing_and_a_kept_one_matches(type):
+    op_def = get_op_def(type)
+    attrs = op_def.full_attrs({})
+    p0, (g, *_) = _opt_data(f"skip{type}")
+    state = {"sgd": [], "momentum": ["Velocity"],
+             "adam": ["Moment1", "Moment2", "Beta1Pow", "Beta2Pow"]}[type]
+
+    def fresh():
+        ins = {"Param": p0.clone(), "Grad": g, "LearningRate": torch.tensor([0.1], dtype=F64)}
+        for s in state:
+            ins[s] = torch.full_like(p0, 0.5) if "Pow" not in s else \
+                torch.full((1,), 0.9, dtype=F64)
+        return ins
+    plain, skipped, kept = fresh(), fresh(), fresh()
+    before = {k: v.clone() for k, v in skipped.items()}
+    op_def.kernel(plain, attrs)
+    op_def.kernel(dict(skipped, SkipUpdate=torch.tensor(1.0)), attrs)
+    out = op_def.kernel(dict(kept, SkipUpdate=torch.tensor(0.0)), attrs)
+    for slot in ["Param"] + state:
+        assert torch.equal(skipped[slot], before[slot]), f"{type}: skipped {slot} changed"
+        assert torch.equal(kept[slot], plain[slot]), f"{type}: kept {slot} differs"
+        assert out[slot + "Out"] is kept[slot]
 
 
 # --- shape inference with a -1 batch dimension ---------------------------------------------------

@@ -79,7 +79,7 @@ def plan_stream_waits(graph, key=stream_key):
 class StreamSync:
     """Applies a stream-wait plan on CUDA (see the module docstring)."""
 
-    __slots__ = ("streams", "extra", "waits", "events", "sync", "cross_inputs")
+    __slots__ = ("streams", "extra", "waits", "events", "sync", "cross_inputs", "capturing")
 
     def __init__(self, graph, contexts, sync="event", key=stream_key):
         waits, records = plan_stream_waits(graph, key)
@@ -100,6 +100,7 @@ class StreamSync:
         self.waits = waits
         self.events = [torch.cuda.Event(enable_timing=False) if r else None for r in records]
         self.sync = sync
+        self.capturing = False  # inside a CUDA graph capture: join the streams, never sync
         # (place index, var name) of inputs produced on another stream, for record_stream
         self.cross_inputs = []
         for op in graph.ops:
@@ -161,6 +162,10 @@ class StreamSync:
                 s.wait_stream(torch.cuda.current_stream(s.device))
 
     def finish(self):
-        """Block the host until every stream used by the graph is idle."""
+        """Block the host until every stream used by the graph is idle (while a CUDA graph
+        is being captured: join every stream into the capturing one instead)."""
         for s in {id(s): s for s in self.streams if s is not None}.values():
-            s.synchronize()
+            if self.capturing:
+                torch.cuda.current_stream(s.device).wait_stream(s)
+            else:
+                s.synchronize()
