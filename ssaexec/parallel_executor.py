@@ -118,6 +118,7 @@ class ParallelExecutor:
         self.distributed = dist_collective is not None
         self._runners = {}
         self._step_graphs = {}  # id(runner) -> runtime.cuda_graph.StepGraphs
+        self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
         self._probes = {}
         self._device_contexts = None
         self._prev_torch_threads = None
@@ -126,7 +127,7 @@ class ParallelExecutor:
         try:
             if startup_program is not None:
                 Executor(self.places[0]).run(startup_program, scope=self.scope)
-            self._init_amp_state()
+            self._init_state()
             self.local_scopes = [Scope() for _ in self.places]
             if self.distributed:
                 self._sync_processes()
@@ -138,26 +139,47 @@ class ParallelExecutor:
     # --- set-up -------------------------------------------------------------------------
     @property
     def run_program(self):
-        """The program the places run: ``main_program``, or its mixed-precision rewrite
-        under ``ExecutionStrategy(amp=...)`` (``ssaexec.program.amp``)."""
-        st = self.exec_strategy
-        if st.amp is None:
-            return self.program
-        key = (self.program._version, st.amp, st.amp_allreduce)
-        cached = getattr(self, "_amp_cache", None)
-        if cached is None or cached[0] != key:
-            from .program.amp import amp_program
-            cached = self._amp_cache = (key, amp_program(self.program, st.amp,
-                                                         st.amp_allreduce))
-        return cached[1]
+        """The program of a full step as the places run it: ``main_program``, rewritten
+        for ``ExecutionStrategy(amp=...)`` (``ssaexec.program.amp``) and, with
+        ``BuildStrategy(gradient_accumulation_steps=K)``, the last micro-batch's program
+        (all-reduce and update; ``program_for("accumulate")`` is the others')."""
+        return self.program_for("apply")
 
-    def _init_amp_state(self):
-        # the fp16 loss-scaling state starts at its defaults unless the scope has it
+    def program_for(self, phase="apply"):
+        """The program of ``phase``: "apply" (a full step) or "accumulate" (a micro-batch
+        that only accumulates gradients; None without gradient accumulation)."""
+        st, k = self.exec_strategy, self.build_strategy.gradient_accumulation_steps
+        key = (self.program._version, st.amp, st.amp_allreduce, k)
+        cached = getattr(self, "_program_cache", None)
+        if cached is None or cached[0] != key:
+            prog = self.program
+            if st.amp is not None:
+                from .program.amp import amp_program
+                prog = amp_program(prog, st.amp, st.amp_allreduce)
+            programs = {"apply": prog, "accumulate": None}
+            if k > 1:
+                from .program.accumulate import accumulation_programs
+                programs["accumulate"], programs["apply"] = accumulation_programs(prog)
+            cached = self._program_cache = (key, programs)
+        return cached[1][phase]
+
+    def _init_state(self):
+        # state the executor adds to a program starts at its defaults unless the scope has
+        # it: fp16 loss scaling, gradient accumulators (zeros)
+        from .program.accumulate import accumulators
         from .program.amp import LOSS_SCALE_STATE
-        block = self.run_program.global_block()
+        program = self.run_program
+        block = program.global_block()
         for name, (dtype, value) in LOSS_SCALE_STATE.items():
             if block.find_var(name) is not None and self.scope.find_var(name) is None:
                 self.scope.set_var(name, torch.tensor(value, dtype=torch_dtype(dtype)))
+        for name, grad in accumulators(program).items():
+            if self.scope.find_var(name) is None:
+                if grad.shape is None or any(d < 0 for d in grad.shape):
+                    raise SSAExecError(f"gradient {grad.name!r} has shape {grad.shape}: an "
+                                       "accumulator needs a fixed shape")
+                self.scope.set_var(name, torch.zeros(grad.shape,
+                                                     dtype=torch_dtype(grad.dtype)))
 
     def _set_torch_threads(self):
         cpu = [p for p in self.places if not p.is_cuda]
@@ -263,22 +285,29 @@ class ParallelExecutor:
                 self._device_contexts = [None] * len(self.places)
         return self._device_contexts
 
-    def _runner(self, fetch):
+    def _runner(self, fetch, phase="apply"):
         compiled, amp = self.exec_strategy.compiled, self.exec_strategy.amp
-        runner = self._runners.get((fetch, compiled, amp))
+        key = (fetch, compiled, amp, phase)
+        runner = self._runners.get(key)
         if runner is None:
-            graph = build_ssa_graph(self.run_program, self.places, self.build_strategy,
+            graph = build_ssa_graph(self.program_for(phase), self.places, self.build_strategy,
                                     list(fetch))
             graph.lint()
             kind = CompiledRunner if compiled else GraphRunner
             runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
                           self._contexts(), self.exec_strategy.sync)
-            self._runners[(fetch, compiled, amp)] = runner
+            self._runners[key] = runner
         return runner
 
-    def graph(self, fetch_list=None):
-        """The SSA graph used for ``fetch_list`` (built on first use)."""
-        return self._runner(fetch_names(fetch_list)).graph
+    def _phase(self):
+        # gradient accumulation: every K-th run all-reduces and applies
+        k = self.build_strategy.gradient_accumulation_steps
+        return "apply" if k == 1 or self._micro_step % k == k - 1 else "accumulate"
+
+    def graph(self, fetch_list=None, phase="apply"):
+        """The SSA graph used for ``fetch_list`` (built on first use); ``phase`` as in
+        ``program_for``."""
+        return self._runner(fetch_names(fetch_list), phase).graph
 
     @property
     def num_threads(self):
@@ -294,19 +323,24 @@ class ParallelExecutor:
         it. Observed steps run on the readable per-op path (one function per op
         handle), whatever ``ExecutionStrategy.compiled`` says. ``cuda_sync``
         synchronises an op's devices before its end time (accurate, serialising).
-        Yields the SSA graph whose handles ``on_op`` receives.
+        Yields the SSA graph whose handles ``on_op`` receives (with gradient
+        accumulation, the full step's; micro-batches that only accumulate report the
+        handles of ``graph(fetch_list, "accumulate")``).
         """
         fetch = fetch_names(fetch_list)
         strategy = self.exec_strategy
         compiled, strategy.compiled = strategy.compiled, False
-        runner = self._runner(fetch)
-        originals = list(runner.fns)
+        phases = ["apply"] + (["accumulate"] if self.program_for("accumulate") else [])
+        runners = [self._runner(fetch, phase) for phase in phases]
+        originals = [list(r.fns) for r in runners]
         try:
-            for op in runner.graph.ops:
-                runner.fns[op.id] = _observed(op, runner.fns[op.id], on_op, cuda_sync)
-            yield runner.graph
+            for runner in runners:
+                for op in runner.graph.ops:
+                    runner.fns[op.id] = _observed(op, runner.fns[op.id], on_op, cuda_sync)
+            yield runners[0].graph
         finally:
-            runner.fns[:] = originals
+            for runner, fns in zip(runners, originals, strict=True):
+                runner.fns[:] = fns
             strategy.compiled = compiled
 
     # --- running ------------------------------------------------------------------------
@@ -342,7 +376,7 @@ class ParallelExecutor:
                                    f"({self._failed}); the process group was shut down: "
                                    "restart every process")
         fetch = fetch_names(fetch_list)
-        runner = self._runner(fetch)
+        runner = self._runner(fetch, self._phase())
         per_place = place_feeds(self.program, feed, len(self.places), allow_persistable_feed)
         replaced = []
 
@@ -366,6 +400,7 @@ class ParallelExecutor:
         except BaseException:
             forget_feeds(self.program, self.local_scopes, per_place, replaced)
             raise
+        self._micro_step += 1
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
 
@@ -385,7 +420,7 @@ class ParallelExecutor:
         "fallback"}`` (``fallback`` names why steps run without graphs), or None when
         ``ExecutionStrategy(cuda_graph=True)`` is off or no step ran yet."""
         runner = self._runners.get((fetch_names(fetch_list), self.exec_strategy.compiled,
-                                    self.exec_strategy.amp))
+                                    self.exec_strategy.amp, "apply"))
         graphs = self._step_graphs.get(id(runner)) if runner is not None else None
         return graphs.status() if graphs is not None else None
 

@@ -38,16 +38,21 @@ class BuildStrategy:
     debug_distributed : bool
         Before each step's first collective, check that all ranks agree on the
         sequence of collectives (also ``SSAEXEC_DISTRIBUTED_DEBUG=1``).
+    gradient_accumulation_steps : int
+        Each ``run`` is one micro-batch; gradients are accumulated locally and
+        all-reduced and applied once every this many runs, with no communication on
+        the others (``ssaexec.program.accumulate``).
     """
 
     __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
-                 "num_trainers", "trainer_id", "debug_distributed")
+                 "num_trainers", "trainer_id", "debug_distributed",
+                 "gradient_accumulation_steps")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
                  fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
-                 debug_distributed=False):
+                 debug_distributed=False, gradient_accumulation_steps=1):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -64,6 +69,11 @@ class BuildStrategy:
         self.num_trainers = int(num_trainers)
         self.trainer_id = int(trainer_id)
         self.debug_distributed = bool(debug_distributed)
+        if int(gradient_accumulation_steps) != gradient_accumulation_steps or \
+                gradient_accumulation_steps < 1:
+            raise SSAExecError(f"gradient_accumulation_steps must be an integer >= 1, got "
+                               f"{gradient_accumulation_steps!r}")
+        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
 
     def key(self):
         """A hashable summary (graphs are cached by it)."""

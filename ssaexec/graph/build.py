@@ -202,7 +202,9 @@ def _scale_loss_grad(g, op, index, strategy, ranks):
                          "loss-gradient seed must write exactly one var")
     if strategy.gradient_scale_strategy == "customized":
         return  # the user feeds loss@GRAD on every place: it is a version-0 read
-    coeff = 1.0 / ranks if strategy.gradient_scale_strategy == "coeff_num_device" else 1.0
+    # the mean over every sample of the step: all ranks, and all accumulated micro-batches
+    coeff = 1.0 / (ranks * strategy.gradient_accumulation_steps) \
+        if strategy.gradient_scale_strategy == "coeff_num_device" else 1.0
     shape = op.attrs.get("shape", [])
     dtype = op.attrs.get("dtype", "float32")
     for pi, place in enumerate(g.places):

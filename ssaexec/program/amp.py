@@ -144,7 +144,7 @@ def _add_loss_scaling(block, growth_interval):
     first = min(ops.index(op) for op in ops if op.role == "optimize")
     moved = [op for op in ops[first:] if op.role == "optimize" and op.type == "cast"]
     for op in moved:
-        ops.remove(op)
+        block.remove_op(op)
     for k, op in enumerate(moved):
         block.insert_op(first + k, op)
     grads = list(dict.fromkeys(op.input("Grad")[0] for op in opt))

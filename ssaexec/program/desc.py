@@ -333,6 +333,15 @@ class BlockDesc:
         self.program._version += 1
         return op
 
+    def remove_op(self, op):
+        """Remove ``op`` (an ``OpDesc`` of this block, found by identity) and return it."""
+        for i, o in enumerate(self.ops):
+            if o is op:
+                del self.ops[i]
+                self.program._version += 1
+                return op
+        raise ProgramError(f"block {self.idx}: {op!r} is not an op of this block")
+
     def __repr__(self):
         return f"BlockDesc(idx={self.idx}, parent={self.parent_idx}, vars={len(self.vars)}, " \
                f"ops={len(self.ops)})"
