@@ -48,7 +48,7 @@ from . import distributed as _distributed
 from .errors import DistributedError, SSAExecError
 from .executor import Executor, fetch_names
 from .feed import bind_feeds, forget_feeds, place_feeds
-from .graph.build import build_ssa_graph
+from .graph.build import build_ssa_graph, grad_owners
 from .program.desc import Program
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
@@ -225,9 +225,10 @@ class ParallelExecutor:
                                    f"{bs.trainer_id}) does not match the process group (world "
                                    f"size {info.world_size}, rank {info.rank}); use "
                                    "se.distributed.build_strategy()")
-        if bs.reduce_strategy != "all_reduce":
-            raise DistributedError("reduce_strategy='reduce' runs in one process only; use "
-                                   "'all_reduce' with several processes")
+        if bs.reduce_strategy != "all_reduce" or bs.zero_stage:
+            raise DistributedError("reduce_strategy='reduce' and zero_stage run in one process "
+                                   "only; use 'all_reduce' without zero_stage with several "
+                                   "processes")
         self.build_strategy = bs
         from .runtime.dist_collective import ProcessGroupCollective
         return ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
@@ -257,8 +258,29 @@ class ParallelExecutor:
                         "BuildStrategy and as many places.")
         coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
 
+    def state_owners(self):
+        """ZeRO (``BuildStrategy(zero_stage=1|2)``): ``{optimizer state var: owner place
+        index}`` for the state only its parameter's owner place keeps; {} otherwise."""
+        if not self.build_strategy.zero_stage or len(self.places) == 1:
+            return {}
+        program = self.run_program
+        block = program.global_block()
+        owners = grad_owners(program, [pair for op in block.ops if op.role == "backward"
+                                       for pair in op.role_var], len(self.places))
+        users = {}  # persistable -> parameters whose update reads it (None: other readers)
+        for op in block.ops:
+            param = op.role_var[0][0] if op.role == "optimize" and op.role_var else None
+            for n in op.input_names():
+                var = block.find_var(n)
+                if var is None or not var.persistable or var.is_parameter:
+                    continue
+                users.setdefault(n, set()).add(param)
+        return {n: owners[next(iter(ps))] for n, ps in users.items()
+                if len(ps) == 1 and None not in ps and next(iter(ps)) in owners}
+
     def _broadcast_persistables(self):
         block = self.run_program.global_block()
+        owned = self.state_owners()
         for var in block.vars.values():
             if not var.persistable:
                 continue
@@ -269,6 +291,8 @@ class ParallelExecutor:
                                        "the startup program first or pass startup_program=")
                 continue
             for i, (place, ls) in enumerate(zip(self.places, self.local_scopes, strict=True)):
+                if owned.get(var.name, i) != i:
+                    continue  # ZeRO: another place owns this optimizer state
                 if i == 0 and src.device == place.device:
                     ls.set_var(var.name, src)  # place 0 shares the user's scope
                 else:

@@ -42,17 +42,26 @@ class BuildStrategy:
         Each ``run`` is one micro-batch; gradients are accumulated locally and
         all-reduced and applied once every this many runs, with no communication on
         the others (``ssaexec.program.accumulate``).
+    allreduce_dtype : {None, "bf16", "fp16"}
+        Compress floating gradients to this type for the all-reduce and back (as DDP's
+        ``bf16_compress_hook``); fused buckets count the compressed bytes.
+    zero_stage : {0, 1, 2}
+        Sharded optimizer state (ZeRO): each parameter has an owner place (balanced by
+        bytes); only the owner keeps its optimizer state, updates it and broadcasts the
+        new value. Stage 1 all-reduces gradients; stage 2 reduces each one to its
+        owner only (the ``reduce`` strategy's graph).
     """
 
     __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
                  "num_trainers", "trainer_id", "debug_distributed",
-                 "gradient_accumulation_steps")
+                 "gradient_accumulation_steps", "allreduce_dtype", "zero_stage")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
                  fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
-                 debug_distributed=False, gradient_accumulation_steps=1):
+                 debug_distributed=False, gradient_accumulation_steps=1,
+                 allreduce_dtype=None, zero_stage=0):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -74,6 +83,11 @@ class BuildStrategy:
             raise SSAExecError(f"gradient_accumulation_steps must be an integer >= 1, got "
                                f"{gradient_accumulation_steps!r}")
         self.gradient_accumulation_steps = int(gradient_accumulation_steps)
+        self.allreduce_dtype = _check("allreduce_dtype", allreduce_dtype, (None, "bf16", "fp16"))
+        self.zero_stage = _check("zero_stage", zero_stage, (0, 1, 2))
+        if zero_stage == 1 and reduce_strategy == "reduce":
+            raise SSAExecError("zero_stage=1 all-reduces gradients, which contradicts "
+                               "reduce_strategy='reduce' (that is zero_stage=2's graph)")
 
     def key(self):
         """A hashable summary (graphs are cached by it)."""

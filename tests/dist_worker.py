@@ -17,6 +17,8 @@ Scenarios:
   it exits 1.
 * ``raise`` (under torchrun): rank 1's step raises an uncaught ``OpError``;
   rank 0's ``DistributedError`` is uncaught too; torchrun exits non-zero.
+* ``strategies``: the MLP trained with each of ``STRATEGY_RUNS``' build strategies
+  (gradient accumulation, bf16-compressed all-reduce).
 """
 
 import os
@@ -84,6 +86,29 @@ def _train(se, model, fused, record):
     record[f"{model}{'_fused' if fused else ''}"] = {
         "local_losses": torch.stack(local), "losses": torch.stack(averaged), "params": params,
         "collectives": n_collectives}
+
+
+# build-strategy options the "strategies" scenario runs across processes
+STRATEGY_RUNS = {"accumulate": {"gradient_accumulation_steps": 2},
+                 "bf16_wire": {"allreduce_dtype": "bf16"}}
+
+
+def train_with(se, options, distributed):
+    """MLP parameters after STEPS runs with BuildStrategy ``options``: 2 processes x 2
+    places (``distributed``), or 1 process x 4 places on the same global batches."""
+    main, startup, loss, shape = build("mlp")
+    xs, ys = make_data(shape, 2 * PLACES_PER_PROCESS)
+    if distributed:
+        places = se.distributed.local_places(PLACES_PER_PROCESS)
+        strategy = se.distributed.build_strategy(**options)
+    else:
+        places, strategy = se.cpu_places(2 * PLACES_PER_PROCESS), se.BuildStrategy(**options)
+    with se.ParallelExecutor(places, main, startup, loss, strategy, scope=se.Scope()) as pe:
+        for x, y in zip(xs, ys, strict=True):
+            feed = {"img": x, "label": y}
+            pe.run([loss], feed=se.distributed.shard_batch(feed) if distributed else feed)
+        return {p.name: pe.local_scopes[0].find_var(p.name).clone()
+                for p in main.all_parameters()}
 
 
 def _expect(exc_type, fn):
@@ -192,6 +217,10 @@ def main(scenario, out_dir):
         record["after_checks"] = float(se.distributed.average(float(rank)))
         record["hang"] = _peer_hangs(se, rank)
         _raise_in_step(se, rank, record)
+        torch.save(record, path)
+    elif scenario == "strategies":
+        for name, options in STRATEGY_RUNS.items():
+            record[name] = train_with(se, options, distributed=True)
         torch.save(record, path)
     elif scenario == "kill":
         import threading

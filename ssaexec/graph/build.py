@@ -62,11 +62,15 @@ def op_reads_writes(program, op):
     return reads, writes
 
 
-def _nbytes(program, name):
+def _nbytes(program, name, wire=None):
+    """Bytes of var ``name`` (as sent, when a floating var travels as ``wire``)."""
     var = program.global_block().find_var(name)
     if var is None or var.numel is None:
         return 0
-    return var.numel * torch_dtype(var.dtype).itemsize
+    dtype = torch_dtype(var.dtype)
+    if wire is not None and dtype.is_floating_point:
+        dtype = torch_dtype(wire)
+    return var.numel * dtype.itemsize
 
 
 def grad_owners(program, param_grads, num_places):
@@ -120,9 +124,13 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
     block = program.global_block()
     n = len(places)
     ranks = n * strategy.num_trainers
-    reduce_mode = strategy.reduce_strategy == "reduce"
+    # owners update their parameters alone (reduce strategy, ZeRO 1 and 2), and with the
+    # reduce strategy or ZeRO 2 only they receive the summed gradient
+    reduce_mode = strategy.reduce_strategy == "reduce" or strategy.zero_stage == 2
+    owner_mode = reduce_mode or strategy.zero_stage == 1
+    wire = {"bf16": "bfloat16", "fp16": "float16"}.get(strategy.allreduce_dtype)
     param_grads = g.param_grads()
-    if reduce_mode:
+    if owner_mode:
         g.param_owner = grad_owners(program, param_grads, n)
     chain = []
     last_on_place = [None] * n
@@ -133,12 +141,12 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
     for i, op in enumerate(block.ops):
         if bucketer is not None and bucketer.holds(sum(op_reads_writes(program, op), [])):
             # someone reads or overwrites a gradient still waiting in a bucket: reduce it first
-            chain.append(_all_reduce(g, bucketer.take()))
+            chain.append(_all_reduce(g, bucketer.take(), wire))
         if op.role == "loss":
             _scale_loss_grad(g, op, i, strategy, ranks)
             continue
         targets = range(n)
-        if reduce_mode and op.role == "optimize" and op.role_var:
+        if owner_mode and op.role == "optimize" and op.role_var:
             p = op.role_var[0][0]
             if p not in g.param_owner:
                 raise GraphError(f"op #{i} {op.type!r} updates parameter {p!r}, but no backward "
@@ -162,16 +170,16 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
                     chain.append(_reduce(g, grad, g.param_owner[p]))
                 elif bucketer is not None:
                     var = block.find_var(grad)
-                    for names in bucketer.add(grad, _nbytes(program, grad), var.dtype):
-                        chain.append(_all_reduce(g, names))
+                    for names in bucketer.add(grad, _nbytes(program, grad, wire), var.dtype):
+                        chain.append(_all_reduce(g, names, wire))
                 else:
-                    chain.append(_all_reduce(g, [grad]))
-        if reduce_mode and op.role == "optimize" and op.role_var and n > 1:
+                    chain.append(_all_reduce(g, [grad], wire))
+        if owner_mode and op.role == "optimize" and op.role_var and n > 1:
             p = op.role_var[0][0]
             chain.append(_broadcast(g, [p], g.param_owner[p]))
 
     if bucketer is not None and bucketer.names:
-        chain.append(_all_reduce(g, bucketer.take()))
+        chain.append(_all_reduce(g, bucketer.take(), wire))
     for prev, cur in zip(chain, chain[1:]):
         g.depend(prev, cur, "collective_order")
     for k, h in enumerate(chain):
@@ -212,8 +220,8 @@ def _scale_loss_grad(g, op, index, strategy, ranks):
         g.write(h, pi, names[0])
 
 
-def _all_reduce(g, grads):
-    h = g.add_op(AllReduceOpHandle(grads))
+def _all_reduce(g, grads, wire=None):
+    h = g.add_op(AllReduceOpHandle(grads, wire))
     for name in grads:
         for pi in range(len(g.places)):
             g.read(h, pi, name)

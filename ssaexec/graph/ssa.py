@@ -204,9 +204,20 @@ class CollectiveOpHandle(OpHandle):
 
 
 class AllReduceOpHandle(CollectiveOpHandle):
-    """Sums ``var_names`` over all places; every place gets the result (a bucket if fused)."""
+    """Sums ``var_names`` over all places; every place gets the result (a bucket if fused).
 
-    __slots__ = ()
+    ``wire_dtype`` (a dtype name, ``BuildStrategy(allreduce_dtype=...)``) compresses
+    floating gradients for the exchange, as DDP's ``bf16_compress_hook``: they are
+    cast to it, summed (in their own type by an in-process backend, which sums the
+    rounded values exactly; in the wire type across processes) and the result, rounded
+    to the wire type as it travels back, is cast to the gradient's type.
+    """
+
+    __slots__ = ("wire_dtype",)
+
+    def __init__(self, var_names, wire_dtype=None):
+        super().__init__(var_names)
+        self.wire_dtype = wire_dtype
     kind = "all_reduce"
     legend = "all-reduce"
     color = "#f8b4b4"
@@ -223,7 +234,23 @@ class AllReduceOpHandle(CollectiveOpHandle):
         return 2 * (n - 1) / n
 
     def apply(self, collective, tensors, label):
-        collective.all_reduce(tensors, label=label)
+        wire = torch_dtype(self.wire_dtype) if self.wire_dtype else None
+        if wire is None or not tensors[0].is_floating_point() or tensors[0].dtype == wire:
+            collective.all_reduce(tensors, label=label)
+            return
+        if getattr(collective, "local_only", False):
+            sent = [t.to(wire).to(t.dtype) for t in tensors]  # rounded, summed exactly
+        else:
+            sent = [t.to(wire) for t in tensors]
+        collective.all_reduce(sent, label=label)
+        for t, s in zip(tensors, sent, strict=True):
+            t.copy_(s.to(wire))
+
+    def details(self):
+        d = super().details()
+        if self.wire_dtype:
+            d["wire_dtype"] = self.wire_dtype
+        return d
 
 
 class ReduceOpHandle(CollectiveOpHandle):

@@ -169,7 +169,7 @@ class GraphRunner:
         # one flat buffer per place, one collective, then copy the slices back
         per_name = [self._tensors(name, everyone, op) for name in op.var_names]
         flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
-        self.collective.all_reduce(flats, label=op.name)
+        op.apply(self.collective, flats, op.name)
         for pi in everyone:
             offset = 0
             for ts in per_name:
