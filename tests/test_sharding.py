@@ -89,3 +89,22 @@ def test_sharding_options_are_checked():
         se.BuildStrategy(zero_stage=1, reduce_strategy="reduce")
     with pytest.raises(SSAExecError, match="allreduce_dtype"):
         se.BuildStrategy(allreduce_dtype="int8")
+
+
+def test_customized_gradient_scale_takes_the_fed_seed_and_one_sums():
+    main, startup, loss = build_mlp("float64", make_optimizer("sgd", 0.1), in_dim=10,
+                                    hidden=(8,), classes=4)
+    feed = {k: (v.double() if v.is_floating_point() else v) for k, v in _data().items()}
+    params = {}
+    for scale, seed in (("coeff_num_device", None), ("customized", 0.5), ("one", None),
+                        ("customized", 1.0)):
+        f = dict(feed) if seed is None else dict(feed, **{loss + "@GRAD": torch.tensor(
+            seed, dtype=torch.float64)})
+        bs = se.BuildStrategy(gradient_scale_strategy=scale)
+        with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, bs,
+                                 scope=se.Scope()) as pe:
+            pe.run([loss], feed=f)
+            params[(scale, seed)] = pe.local_scopes[0].find_var("fc_0.w_0").clone()
+    assert torch.equal(params[("coeff_num_device", None)], params[("customized", 0.5)])
+    assert torch.equal(params[("one", None)], params[("customized", 1.0)])
+    assert not torch.equal(params[("one", None)], params[("customized", 0.5)])
