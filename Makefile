@@ -33,6 +33,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
 	$(TORCH_INSTALL) -q
+# a GPU machine also gets the cupy wheel for torch.version.cuda's major (NCCL collectives)
+	@[ "$(HAS_GPU)" != yes ] || { \
+		w=$$($(BIN)/python -c "import torch; v = torch.version.cuda or ''; print(v and 'cupy-cuda%sx' % v.split('.')[0])"); \
+		if [ -z "$$w" ]; then echo "note: torch has no CUDA, so no cupy; NCCL collectives off"; \
+		elif ! PIP_FIND_LINKS= $(BIN)/pip install -q "$$w>=13"; then \
+		echo "note: pip install $$w failed; NCCL collectives fall back to torch.cuda.nccl"; fi; }
 	$(BIN)/pip install -q "networkx>=3.0" "numpy>=1.24" "matplotlib>=3.7" "dask>=2024.1" \
 		"pytest>=8" "hypothesis>=6.100" "pytest-timeout>=2.3"
 	$(BIN)/pip install -q --no-deps -e .
