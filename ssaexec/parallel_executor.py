@@ -50,7 +50,6 @@ from .executor import Executor, fetch_names
 from .feed import bind_feeds, forget_feeds, place_feeds
 from .graph.build import build_ssa_graph, grad_owners
 from .program.desc import Program
-from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
 from .dtypes import torch_dtype
@@ -114,7 +113,13 @@ class ParallelExecutor:
         n = len(self.places)
         threads = self.exec_strategy.num_threads or min(8, n + 1)
         self._scheduler = Scheduler(threads, name="ssaexec")
-        self._collective = dist_collective or LocalCollective()
+        if dist_collective is None:
+            from .runtime.nccl import choose_local_collective
+            self._collective, _, self.collective_backend = choose_local_collective(self.places)
+        else:
+            self._collective = dist_collective
+            self.collective_backend = "collective backend: torch.distributed process group " \
+                f"({_distributed.info().backend})"
         self.distributed = dist_collective is not None
         self._runners = {}
         self._step_graphs = {}  # id(runner) -> runtime.cuda_graph.StepGraphs
