@@ -333,6 +333,63 @@ class ParallelExecutor:
         k = self.build_strategy.gradient_accumulation_steps
         return "apply" if k == 1 or self._micro_step % k == k - 1 else "accumulate"
 
+    # --- variables on every place ---------------------------------------------------------
+    def set_var(self, name, value):
+        """Write ``value`` to var ``name`` on every place of this process.
+
+        The places' scopes are the source of truth once the executor exists (place 0
+        shares the scope it was given). An existing tensor of the same shape and dtype is
+        overwritten in place, so captured CUDA graphs and aliases see the new value. In
+        a multi-process run, call it on every process with the same value.
+        """
+        var = self.run_program.global_block().find_var(name)
+        dtype = torch_dtype(var.dtype) if var is not None else None
+        value = torch.as_tensor(value, dtype=dtype)
+        if var is not None and var.shape is not None and -1 not in var.shape and \
+                list(value.shape) != list(var.shape):
+            raise SSAExecError(f"set_var({name!r}): the program declares shape {var.shape}, "
+                               f"got {list(value.shape)}")
+        for place, scope in zip(self.places, self.local_scopes, strict=True):
+            old = scope.vars.get(name)
+            if old is not None and old.shape == value.shape and old.dtype == value.dtype:
+                old.copy_(value)
+            else:
+                scope.set_var(name, value.to(place.device, copy=True))
+
+    def get_var(self, name, place=0):
+        """Var ``name`` on place number ``place`` (a copy); ``SSAExecError`` if unset."""
+        if not 0 <= place < len(self.places):
+            raise SSAExecError(f"place {place} does not exist: this executor has "
+                               f"{len(self.places)} places")
+        t = self.local_scopes[place].find_var(name)
+        if t is None:
+            raise SSAExecError(f"var {name!r} has no value on {self.places[place]}")
+        return t.detach().clone()
+
+    def _lr_var(self):
+        block = self.run_program.global_block()
+        names = sorted({op.input("LearningRate")[0] for op in block.ops
+                        if op.role == "optimize" and op.input("LearningRate")})
+        if len(names) != 1:
+            raise SSAExecError(f"the program has {len(names)} learning-rate vars ({names}); "
+                               "use set_var/get_var with the one you mean")
+        return names[0]
+
+    def get_lr(self):
+        """The learning rate the last step used (place 0), as a float."""
+        return float(self.get_var(self._lr_var()))
+
+    def set_lr(self, value):
+        """Set the learning rate on every place (a program without an LR schedule)."""
+        name = self._lr_var()
+        block = self.run_program.global_block()
+        if any(op.type == "lr_schedule" and op.output("LearningRate") == [name]
+               for op in block.ops):
+            raise SSAExecError(f"{name!r} is computed by an LR schedule each step; set_lr "
+                               "would be overwritten. Build the optimizer with a number "
+                               "to control the rate by hand")
+        self.set_var(name, float(value))
+
     def graph(self, fetch_list=None, phase="apply"):
         """The SSA graph used for ``fetch_list`` (built on first use); ``phase`` as in
         ``program_for``."""

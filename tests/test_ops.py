@@ -16,6 +16,7 @@ is registered without a forward case (or, if differentiable, a gradient case).
 left to the executor tests (none exercise it yet).
 """
 
+import math
 import zlib
 
 import pytest
@@ -559,6 +560,33 @@ def test_a_skipped_update_changes_nothing_and_a_kept_one_matches(type):
         assert torch.equal(skipped[slot], before[slot]), f"{type}: skipped {slot} changed"
         assert torch.equal(kept[slot], plain[slot]), f"{type}: kept {slot} differs"
         assert out[slot + "Out"] is kept[slot]
+
+
+@covers("lr_schedule")
+@pytest.mark.parametrize("attrs, rule", [
+    ({"kind": "step", "step_size": 3, "gamma": 0.5}, lambda t: 0.5 ** (t // 3)),
+    ({"kind": "multistep", "milestones": [2, 5], "gamma": 0.1},
+     lambda t: 0.1 ** ((t >= 2) + (t >= 5))),
+    ({"kind": "exponential", "gamma": 0.9}, lambda t: 0.9 ** t),
+    ({"kind": "cosine", "T_max": 6, "eta_min": 0.01},
+     lambda t: (0.01 + (2.0 - 0.01) * (1 + math.cos(math.pi * t / 6)) / 2) / 2.0),
+    ({"kind": "piecewise", "boundaries": [3], "values": [4.0, 1.0]},
+     lambda t: (4.0 if t < 3 else 1.0) / 2.0),
+    ({"kind": "warmup", "warmup_steps": 4, "start_lr": 0.0, "end_lr": 2.0},
+     lambda t: min(t, 4) / 4),
+], ids=lambda v: v["kind"] if isinstance(v, dict) else "")
+def test_lr_schedule_rules(attrs, rule):
+    op_def = get_op_def("lr_schedule")
+    a = op_def.full_attrs(dict(attrs, base_lr=2.0, dtype="float64"))
+    for t in range(9):
+        got = op_def.kernel({"Step": torch.tensor(float(t), dtype=F64)}, a)["LearningRate"]
+        assert got.dtype == F64 and got.dim() == 0
+        assert math.isclose(float(got), 2.0 * rule(t), rel_tol=1e-12), (attrs, t)
+    table = op_def.full_attrs({"kind": "table", "base_lr": 2.0, "dtype": "float32"})
+    vals = torch.tensor([1.0, 0.5, 0.25], dtype=F64)
+    got = [float(op_def.kernel({"Step": torch.tensor(float(t), dtype=F64), "Table": vals},
+                               table)["LearningRate"]) for t in range(5)]
+    assert got == [2.0, 1.0, 0.5, 0.5, 0.5]
 
 
 # --- shape inference with a -1 batch dimension ---------------------------------------------------

@@ -1,18 +1,20 @@
 """Optimizers: ``minimize(loss)`` appends the backward pass and one update op per parameter.
 
 The learning rate is a persistable scalar var (so a schedule can change it
-between runs without rebuilding); accumulators (velocity, moments, beta powers)
+between runs without rebuilding): a number, or a schedule from ``se.optimizer.lr``
+(``ssaexec.program.lr``) computed inside the program from a step counter; accumulators (velocity, moments, beta powers)
 are persistable vars named after their parameter and initialised in the startup
 program. Update rules match ``torch.optim`` (see ``ssaexec.ops.optim``).
 """
 
 from ..errors import ProgramError
 from . import initializer as init
+from . import lr
 from .backward import append_backward
 from .builder import create_persistable, default_main_program, default_startup_program, \
     program_guard
 
-__all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW"]
+__all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamW", "lr"]
 
 
 class Optimizer:
@@ -21,9 +23,13 @@ class Optimizer:
     type = None
 
     def __init__(self, learning_rate, weight_decay=0.0):
-        if not isinstance(learning_rate, (int, float)) or learning_rate <= 0:
-            raise ProgramError(f"{type(self).__name__}: learning_rate must be a positive number, "
-                               f"got {learning_rate!r}")
+        self.schedule = learning_rate if isinstance(learning_rate, lr.LRSchedule) else None
+        if self.schedule is not None:
+            learning_rate = self.schedule.base_lr
+        if not isinstance(learning_rate, (int, float)) or isinstance(learning_rate, bool) or \
+                learning_rate <= 0:
+            raise ProgramError(f"{type(self).__name__}: learning_rate must be a positive number "
+                               f"or a schedule from se.optimizer.lr, got {learning_rate!r}")
         self.learning_rate = float(learning_rate)
         self.weight_decay = float(weight_decay)
         self.lr_var = None
@@ -64,7 +70,12 @@ class Optimizer:
             dtype = params_grads[0][0].dtype
             self.lr_var = create_persistable(main.unique_name("learning_rate"), [], dtype,
                                              init.Constant(self.learning_rate))
-            return [self._append_update(main.global_block(), p, g) for p, g in params_grads]
+            if self.schedule is not None:
+                self.schedule.build(self.lr_var)
+            ops = [self._append_update(main.global_block(), p, g) for p, g in params_grads]
+            if self.schedule is not None:
+                lr.end_of_step()
+            return ops
 
     def _accumulator(self, param, kind, value, shape=None):
         main = default_main_program()
