@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 import scheduler_overhead  # noqa: E402
 import ssaexec as se  # noqa: E402
-from ssaexec.benchmark import load_twins, machine_description  # noqa: E402
+from ssaexec.bench import load_twins, machine_description  # noqa: E402
 
 SCHEMA = "ssaexec-dispatch/1"
 

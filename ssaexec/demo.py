@@ -64,11 +64,11 @@ def main(argv=None):
           places, args.steps, 32 * n)
     if not args.no_bench:
         try:
-            from ssaexec import benchmark
+            from ssaexec import bench
         except ImportError:
             return 0
         print("== short benchmark (make bench runs the full one)")
-        return benchmark.main(["--quick"])
+        return bench.main(["--quick"])
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The benchmark harness (ssaexec.benchmark) and its torch.nn twins (bench/torch_models.py)."""
+"""The benchmark harness (ssaexec.bench) and its torch.nn twins (bench/torch_models.py)."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ssaexec as se
-from ssaexec import benchmark
+from ssaexec import bench as benchmark
 from ssaexec.models import build_mlp, build_resnet, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,9 @@ from ssaexec.models import build_mlp, make_optimizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONSUMERS = ["ssaexec/trace.py", "ssaexec/cli.py", "ssaexec/benchmark.py",
-             "ssaexec/dist_bench.py", "ssaexec/demo.py"]
+             "ssaexec/dist_bench.py", "ssaexec/demo.py"] + \
+    [f"ssaexec/bench/{m}.py" for m in ("__init__", "models", "runners", "ddp", "worker",
+                                       "report", "cli")]
 
 
 def private_uses(source):

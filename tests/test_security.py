@@ -331,7 +331,7 @@ class _TinyTransformer(nn.Module):
 
 def _importer_cases():
     """(name, module, feeds, loss_fn) for the models of bench/, tests/ and small extras."""
-    from ssaexec.benchmark import load_twins
+    from ssaexec.bench import load_twins
     sys.path.insert(0, str(ROOT / "tests"))
     import test_from_torch as tft
     twins = load_twins()
