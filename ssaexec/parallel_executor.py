@@ -333,6 +333,16 @@ class ParallelExecutor:
         k = self.build_strategy.gradient_accumulation_steps
         return "apply" if k == 1 or self._micro_step % k == k - 1 else "accumulate"
 
+    @property
+    def runs(self):
+        """Successful ``run`` calls so far (checkpoints keep it: gradient accumulation
+        resumes at the same micro-batch)."""
+        return self._micro_step
+
+    @runs.setter
+    def runs(self, n):
+        self._micro_step = int(n)
+
     # --- variables on every place ---------------------------------------------------------
     def set_var(self, name, value):
         """Write ``value`` to var ``name`` on every place of this process.

@@ -37,7 +37,7 @@ PLACEMENT = {
     "ssaexec.runtime": "runtime",
     "ssaexec.executor": "executors", "ssaexec.parallel_executor": "executors",
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
-    "ssaexec.distributed": "executors",
+    "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.benchmark": "tools", "ssaexec.dist_bench": "tools", "ssaexec.trace": "tools",
     "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",

@@ -1,0 +1,177 @@
+"""Checkpoints: every persistable of a training run in one safetensors file.
+
+``save_checkpoint(path, pe)`` writes parameters, optimizer state (moments, beta powers),
+the LR schedule's step counter, fp16 loss-scaling state and gradient accumulators, with
+metadata: the format, the program's persistables (name -> shape, dtype) and their hash,
+the number of places and runs. ``load_checkpoint(path, pe)`` checks the file against the
+executor's program and writes every value to every place.
+
+Policy:
+
+* **No code in a checkpoint.** safetensors holds raw tensors and a JSON header, so
+  loading never runs code (no pickle); the file opens with the ``safetensors`` library
+  alone.
+* **Atomic.** The file is written next to ``path`` under a temporary name, flushed to
+  disk, then renamed over ``path``: a crash leaves the old checkpoint or the new one,
+  never half of one.
+* **Places.** Values come from place 0, or for ZeRO-sharded optimizer state from the
+  owner place; loading writes every place (the owners only, under ZeRO), so a run can
+  resume on another number of places.
+* **Mismatch is an error.** Loading into a program whose persistables differ (missing,
+  extra, other shape or dtype) raises ``SSAExecError`` naming them. State an executor
+  adds by itself (``@AMP.*`` loss scaling, ``*@ACC`` accumulators) may be absent on
+  either side: it starts at its default.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+
+from .errors import SSAExecError
+
+__all__ = ["save_checkpoint", "load_checkpoint", "FORMAT"]
+
+FORMAT = "ssaexec-checkpoint/1"
+
+
+def _optional(name):
+    return name.startswith("@AMP.") or name.endswith("@ACC")
+
+
+def _safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        raise SSAExecError("checkpoints need the safetensors package: pip install safetensors "
+                           "(or pip install 'ssaexec[checkpoint]')") from None
+    return st
+
+
+def _persistables(program):
+    return [v for v in program.global_block().vars.values() if v.persistable]
+
+
+def _target(target, program):
+    """(program, getter(name) -> tensor or None, setter(name, tensor), places, runs)."""
+    if hasattr(target, "local_scopes"):  # a ParallelExecutor
+        pe = target
+        owners = pe.state_owners()
+
+        def get(name):
+            return pe.local_scopes[owners.get(name, 0)].find_var(name)
+
+        def put(name, value):
+            owner = owners.get(name)
+            for k, (place, scope) in enumerate(zip(pe.places, pe.local_scopes, strict=True)):
+                if owner is not None and owner != k:
+                    continue
+                old = scope.vars.get(name)
+                if old is not None and old.shape == value.shape and old.dtype == value.dtype:
+                    old.copy_(value)
+                else:
+                    scope.set_var(name, value.to(place.device, copy=True))
+        return pe.run_program, get, put, len(pe.places), pe.runs
+    if program is None:
+        raise SSAExecError("save_checkpoint/load_checkpoint on a Scope need program=")
+    scope = target
+
+    def put_scope(name, value):
+        scope.set_var(name, value.clone())
+    return program, scope.find_var, put_scope, 1, 0
+
+
+def _describe(program, get):
+    out = {}
+    for var in _persistables(program):
+        t = get(var.name)
+        if t is not None:
+            out[var.name] = [list(t.shape), str(t.dtype).replace("torch.", "")]
+    return out
+
+
+def save_checkpoint(path, target, program=None):
+    """Write ``target``'s persistables to ``path`` (safetensors, atomically).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    target : ParallelExecutor or Scope
+        A ``Scope`` needs ``program`` (whose persistables are saved).
+    """
+    st = _safetensors()
+    program, get, _, places, runs = _target(target, program)
+    tensors = {}
+    for var in _persistables(program):
+        t = get(var.name)
+        if t is None:
+            if var.is_parameter:
+                raise SSAExecError(f"parameter {var.name!r} has no value: nothing to save")
+            continue
+        tensors[var.name] = t.detach().to("cpu", copy=True).contiguous()
+    layout = {n: [list(t.shape), str(t.dtype).replace("torch.", "")]
+              for n, t in tensors.items()}
+    body = json.dumps(layout, sort_keys=True)
+    meta = {"format": FORMAT, "persistables": body,
+            "program_hash": hashlib.sha256(body.encode()).hexdigest(),
+            "places": str(places), "runs": str(runs)}
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        st.save_file(tensors, tmp, metadata=meta)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return meta
+
+
+def load_checkpoint(path, target, program=None):
+    """Load ``path`` into ``target`` (a ParallelExecutor, or a Scope with ``program``).
+
+    Returns the checkpoint's metadata. ``SSAExecError`` names every var that is missing,
+    extra, or of another shape or dtype.
+    """
+    st = _safetensors()
+    path = os.fspath(path)
+    try:
+        from safetensors import safe_open
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+    except FileNotFoundError:
+        raise SSAExecError(f"{path}: no such checkpoint") from None
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
+        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise SSAExecError(f"{path}: not an ssaexec checkpoint (format "
+                           f"{meta.get('format')!r}, expected {FORMAT!r})")
+    tensors = st.load_file(path)
+    program, get, put, _, _ = _target(target, program)
+    want = {v.name: v for v in _persistables(program)}
+    missing = sorted(n for n in want if n not in tensors and not _optional(n)
+                     and get(n) is not None)
+    extra = sorted(n for n in tensors if n not in want and not _optional(n))
+    mismatched = []
+    for n, t in tensors.items():
+        have = get(n) if n in want else None
+        if have is not None and (list(have.shape) != list(t.shape) or have.dtype != t.dtype):
+            mismatched.append(f"{n} (checkpoint {list(t.shape)} "
+                              f"{str(t.dtype).replace('torch.', '')}, program "
+                              f"{list(have.shape)} {str(have.dtype).replace('torch.', '')})")
+    if missing or extra or mismatched:
+        parts = [f"{label}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                 for label, names in (("missing from the checkpoint", missing),
+                                      ("not in the program", extra),
+                                      ("different shape or dtype", mismatched)) if names]
+        raise SSAExecError(f"{path} does not fit this program: " + "; ".join(parts))
+    for n, t in tensors.items():
+        if n in want:
+            put(n, t)
+    if hasattr(target, "local_scopes"):
+        target.runs = int(meta.get("runs", 0))
+    return meta
