@@ -189,8 +189,8 @@ def _raise_in_step(se, rank, record):
 
 
 def main(scenario, out_dir):
-    from ssaexec.dist_bench import _die_with_parent
-    _die_with_parent()  # never outlive the test (or torchrun) that started this process
+    from ssaexec.bench.worker import die_with_parent
+    die_with_parent()  # never outlive the test (or torchrun) that started this process
     import ssaexec as se
     import ssaexec.distributed  # noqa: F401 - until ssaexec/__init__ exports it
     if not hasattr(se, "distributed"):
