@@ -83,10 +83,16 @@ class ParallelExecutor:
         of more than one process exists or ``build_strategy.num_trainers > 1``;
         True: require a process group (of any size: a world of one runs the
         cross-process path too); False: stay local to this process.
+    share_vars_from : ParallelExecutor, optional
+        Run on that executor's values (an evaluation program next to a training
+        one): each place's scope falls back to the other executor's scope of the same
+        place, so it always sees the current parameters and statistics, and what this
+        program writes stays its own. The places must be the same.
     """
 
     def __init__(self, places=None, main_program=None, startup_program=None, loss_name=None,
-                 build_strategy=None, exec_strategy=None, scope=None, distributed=None):
+                 build_strategy=None, exec_strategy=None, scope=None, distributed=None,
+                 share_vars_from=None):
         if main_program is None:
             from .program.builder import default_main_program
             main_program = default_main_program()
@@ -130,6 +136,9 @@ class ParallelExecutor:
         self._set_torch_threads()
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler)
         try:
+            if share_vars_from is not None:
+                self._share_vars(share_vars_from)
+                return
             if startup_program is not None:
                 Executor(self.places[0]).run(startup_program, scope=self.scope)
             self._init_state()
@@ -185,6 +194,17 @@ class ParallelExecutor:
                                        "accumulator needs a fixed shape")
                 self.scope.set_var(name, torch.zeros(grad.shape,
                                                      dtype=torch_dtype(grad.dtype)))
+
+    def _share_vars(self, other):
+        if not isinstance(other, ParallelExecutor):
+            raise SSAExecError(f"share_vars_from must be a ParallelExecutor, got "
+                               f"{type(other).__name__}")
+        if list(other.places) != list(self.places):
+            here, there = ", ".join(map(str, self.places)), ", ".join(map(str, other.places))
+            raise SSAExecError(f"share_vars_from: the places differ ({here} here, {there} "
+                               "there); an executor can only share the values of its own "
+                               "places")
+        self.local_scopes = [s.new_scope() for s in other.local_scopes]
 
     def _set_torch_threads(self):
         cpu = [p for p in self.places if not p.is_cuda]

@@ -589,6 +589,19 @@ def test_lr_schedule_rules(attrs, rule):
     assert got == [2.0, 1.0, 0.5, 0.5, 0.5]
 
 
+@covers("accuracy", "argmax", "argmin")
+@pytest.mark.parametrize("k", [1, 3])
+def test_metric_ops(k):
+    x, label = rn(12, 5), torch.randint(0, 5, (12, 1))
+    out = get_op_def("accuracy").kernel({"X": x, "Label": label}, {"k": k})
+    want = (x.topk(k, dim=1).indices == label).any(1).sum()
+    assert int(out["Correct"]) == int(want) and int(out["Total"]) == 12
+    assert float(out["Accuracy"]) == pytest.approx(int(want) / 12)
+    for name, fn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+        got = get_op_def(name).kernel({"X": x}, {"axis": 0, "keepdim": True})["Out"]
+        assert torch.equal(got, fn(x, dim=0, keepdim=True))
+
+
 # --- shape inference with a -1 batch dimension ---------------------------------------------------
 
 def _infer(type, inputs, outputs, attrs=None):

@@ -17,7 +17,7 @@ __all__ = [
     "softmax_with_cross_entropy", "square_error_cost", "mean", "reduce_sum", "reduce_mean",
     "scale", "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
     "matmul", "reshape", "flatten", "transpose", "concat", "split", "cast", "assign",
-    "fill_constant", "sums", "exp", "log", "sqrt", "square",
+    "fill_constant", "sums", "exp", "log", "sqrt", "square", "accuracy", "argmax", "argmin",
 ]
 
 
@@ -332,3 +332,26 @@ def fill_constant(shape, dtype, value):
 def sums(input):
     """Elementwise sum of a list of vars."""
     return _out("sum", {"X": list(input)})
+
+
+def accuracy(input, label, k=1):
+    """Fraction of rows of ``input`` (scores) whose ``label`` is among the top ``k``.
+
+    Returns ``(accuracy, correct, total)``: a float32 scalar and two int64 counts (add
+    the counts over batches for an exact epoch accuracy). No gradient flows through.
+    """
+    _, outs = append_op("accuracy", {"X": input, "Label": label}, attrs={"k": int(k)},
+                        stop_gradient=True)
+    return outs["Accuracy"][0], outs["Correct"][0], outs["Total"][0]
+
+
+def argmax(x, axis=-1, keepdim=False):
+    """Index of the largest value along ``axis`` (int64, no gradient)."""
+    return _out("argmax", {"X": x}, {"axis": int(axis), "keepdim": bool(keepdim)},
+                stop_gradient=True)
+
+
+def argmin(x, axis=-1, keepdim=False):
+    """Index of the smallest value along ``axis`` (int64, no gradient)."""
+    return _out("argmin", {"X": x}, {"axis": int(axis), "keepdim": bool(keepdim)},
+                stop_gradient=True)
