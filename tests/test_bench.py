@@ -106,7 +106,8 @@ def test_harness_runs_every_mode(tmp_path, capsys):
     s = result["settings"]
     assert s["model"] == "mlp" and s["places"] == [2] and s["device"] == "cpu"
     runs = {(r["mode"], r["places"]): r for r in result["runs"]}
-    expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-ddp", 2),
+    expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-compile", 1),
+                ("torch-ddp", 2),
                 ("ssaexec-nproc", 2)}
     if "--from-torch" in extra:
         expected.add(("ssaexec-from-torch", 2))
@@ -126,6 +127,7 @@ def test_harness_runs_every_mode(tmp_path, capsys):
         assert len(losses) == s["warmup"] + s["repeats"] * s["steps"]
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], (mode, losses)
         assert r["trained"]
+        assert (r["compile_s"] is not None and r["compile_s"] > 0) == (mode == "torch-compile")
     # same weights, same data: each one-place mode and each two-place mode trains alike
     assert runs[("seq", 1)]["losses"] == pytest.approx(runs[("torch-eager", 1)]["losses"],
                                                        rel=1e-4)

@@ -33,8 +33,9 @@ __all__ = ["MODES", "DEFAULT_MODES", "SCHEMA", "PRESETS", "add_arguments", "sett
 
 DESCRIPTION = "Benchmark harness: images/sec of one model trained in several modes, in one run."
 
-MODES = ("seq", "ssaexec", "torch-eager", "torch-ddp", "ssaexec-from-torch", "ssaexec-nproc")
-DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-ddp")
+MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "ssaexec-from-torch",
+         "ssaexec-nproc")
+DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
 # Presets fill in every setting the command line leaves out.
@@ -66,7 +67,8 @@ PRESETS = {
 _DEFAULTS = dict(model="resnet18", image_size=32, base=64, classes=10, in_dim=784,
                  hidden="128,64", cardinality=32, width=4, d_model=32, heads=2, layers=2,
                  seq_len=16, batch_per_place=32, warmup=2, steps=3, repeats=3,
-                 optimizer="momentum", lr=0.01, seed=0, torch_threads=None)
+                 optimizer="momentum", lr=0.01, seed=0, torch_threads=None, amp=None,
+                 cuda_graph=False)
 
 
 def add_arguments(ap):
@@ -102,6 +104,11 @@ def add_arguments(ap):
                     help="torch threads of a one-process mode, at most (default: every core; "
                          "1 with the transformer preset); several places or DDP processes "
                          "share the cores")
+    ap.add_argument("--amp", choices=["bf16", "fp16"], default=None,
+                    help="mixed precision: ExecutionStrategy(amp=...) for ssaexec, "
+                         "torch.autocast (and a GradScaler for fp16) for the torch modes")
+    ap.add_argument("--cuda-graph", action="store_true", default=None,
+                    help="ssaexec modes: ExecutionStrategy(cuda_graph=True) (CUDA places)")
     ap.add_argument("--places", default=None,
                     help="cpu:N, cuda, cuda:0,1 or N (default: every GPU, else cpu:<cores>)")
     ap.add_argument("--place-counts", default=None,
@@ -152,6 +159,8 @@ def plan(args, s):
     else:
         places = se.parse_places(args.places)
     device = "cuda" if places[0].is_cuda else "cpu"
+    if s.get("cuda_graph") and device != "cuda":
+        raise SystemExit("--cuda-graph needs CUDA places: CUDA graphs replay GPU work only")
     if device == "cuda" and any(p.device_index != i for i, p in enumerate(places)):
         raise SystemExit("the benchmark uses CUDA devices 0..N-1; restrict them with "
                          "CUDA_VISIBLE_DEVICES instead of --places cuda:<ids>")
@@ -179,7 +188,7 @@ def plan(args, s):
         raise SystemExit(f"{counts[-1]} places need {counts[-1]} GPUs")
     configs = []
     for mode in modes:
-        for p in ([1] if mode in ("seq", "torch-eager") else counts):
+        for p in ([1] if mode in ("seq", "torch-eager", "torch-compile") else counts):
             cfg = {"mode": mode, "places": p, "device": device, "settings": s,
                    "warmup": s["warmup"], "steps": s["steps"]}
             if mode == "ssaexec-nproc":
@@ -218,7 +227,8 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
         except WorkerError as e:
             fail(i, w, e)
             return None
-        runs[i].update(setup_s=ready["setup_s"], warmup_losses=ready["warmup_losses"],
+        runs[i].update(setup_s=ready["setup_s"], compile_s=ready.get("compile_s"),
+                       warmup_losses=ready["warmup_losses"],
                        baseline_rss_mb=ready["baseline_rss_mb"],
                        torch_threads=ready["torch_threads"])
         return w

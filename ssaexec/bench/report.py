@@ -211,6 +211,10 @@ def report(result, json_path, plot_path):
                       if c["paired_ratio"] is not None else "")
             print(f"{c['name']:<40} {c['ratio']:6.2f}{paired}  target {c['target']}: "
                   f"{'met' if c['met'] else 'MISSED'}")
+    for r in runs:
+        if r.get("compile_s") is not None and r["error"] is None:
+            print(f"{r['mode']}: compiled in {r['compile_s']:.1f} s (before the warm-up; not "
+                  "in images/sec)")
     not_trained = [f"{r['mode']}@{r['places']}" for r in runs
                    if r["error"] is None and not r["trained"]]
     if not_trained:

@@ -8,7 +8,12 @@ trains one batch and returns its loss. The peers:
   over this process's share of them under torchrun (``ssaexec-nproc``);
 * ``FromTorchTrainer`` (``ssaexec-from-torch``): ``ParallelExecutor`` running the
   twin converted by ``from_torch``;
-* ``EagerTrainer`` (``torch-eager``): the ``torch.nn`` twin in a plain loop.
+* ``EagerTrainer`` (``torch-eager``): the ``torch.nn`` twin in a plain loop (under
+  ``torch.autocast`` with ``--amp``);
+* ``CompileTrainer`` (``torch-compile``): the same loop with the twin compiled by
+  ``torch.compile`` (default mode on CPU, ``reduce-overhead`` on GPUs, which uses CUDA
+  graphs); the first step, which compiles, is timed apart (``compile_s``) and is not
+  part of the warm-up or the timed windows.
 
 (``torch-ddp`` runs one process per place: ``ssaexec.bench.ddp``.)
 
@@ -28,7 +33,7 @@ from .models import build_program, from_torch_program, initial_twin, load_twins,
     place_samples, torch_optimizer
 
 __all__ = ["Trainer", "SeqTrainer", "ParallelTrainer", "FromTorchTrainer", "EagerTrainer",
-           "TRAINERS", "rss_mb", "peak_rss_mb"]
+           "CompileTrainer", "TRAINERS", "rss_mb", "peak_rss_mb"]
 
 
 def rss_mb():
@@ -136,7 +141,9 @@ class ParallelTrainer(Trainer):
                                  else se.cpu_places(n))
         x, y = place_samples(s, n, first_place, len(self.places))
         main, startup, self.loss, names = self.program(s, x, y)
-        self.pe = se.ParallelExecutor(self.places, main, startup, self.loss, scope=se.Scope())
+        strategy = se.ExecutionStrategy(amp=s.get("amp"), cuda_graph=bool(s.get("cuda_graph")))
+        self.pe = se.ParallelExecutor(self.places, main, startup, self.loss,
+                                      exec_strategy=strategy, scope=se.Scope())
         self.feed = {names[0]: x, names[1]: y}
 
     def program(self, s, x, y):
@@ -180,16 +187,26 @@ class EagerTrainer(Trainer):
         x, y = place_samples(s, cfg["places"], rank)
         self.x, self.y = x.to(self.dev), y.to(self.dev)
         self.loss_fn = load_twins().loss_fn
+        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(s.get("amp"))
+        self.autocast = (lambda: torch.autocast(self.dev.type, dtype=amp)) if amp else None
+        self.scaler = torch.amp.GradScaler(self.dev.type) if s.get("amp") == "fp16" else None
 
     def wrap(self, model):
         """The module to train (the twin itself)."""
         return model
 
     def step(self):
+        import contextlib
         self.opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(self.x), self.y)
-        loss.backward()
-        self.opt.step()
+        with self.autocast() if self.autocast else contextlib.nullcontext():
+            loss = self.loss_fn(self.model(self.x), self.y)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
         return loss.item()
 
     def cuda_peak_mb(self):
@@ -198,6 +215,22 @@ class EagerTrainer(Trainer):
             else None
 
 
+class CompileTrainer(EagerTrainer):
+    """``torch-compile``: the twin compiled by ``torch.compile``; ``compile_s`` is the
+    first step's time (compilation), taken before the warm-up."""
+
+    def __init__(self, cfg, rank=0):
+        super().__init__(cfg, rank)
+        t0 = time.perf_counter()
+        self.step()
+        self.sync()
+        self.compile_s = time.perf_counter() - t0
+
+    def wrap(self, model):
+        import torch
+        return torch.compile(model, mode="reduce-overhead" if self.device == "cuda" else None)
+
+
 # mode -> trainer class, for the modes that run in one process
 TRAINERS = {"seq": SeqTrainer, "ssaexec": ParallelTrainer, "torch-eager": EagerTrainer,
-            "ssaexec-from-torch": FromTorchTrainer}
+            "torch-compile": CompileTrainer, "ssaexec-from-torch": FromTorchTrainer}

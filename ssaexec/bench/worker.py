@@ -171,7 +171,8 @@ def serve():
             warm = peer.warm_up(cfg["warmup"], on_step)
             threads = torch.get_num_threads()
         emit({"event": "ready", "setup_s": time.perf_counter() - t0, "warmup_losses": warm,
-              "baseline_rss_mb": baseline, "torch_threads": threads})
+              "baseline_rss_mb": baseline, "torch_threads": threads,
+              "compile_s": getattr(peer, "compile_s", None)})
         for line in sys.stdin:
             if line.strip() == "exit":
                 break
