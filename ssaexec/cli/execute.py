@@ -1,0 +1,164 @@
+"""What ``ssaexec run`` and ``ssaexec trace`` share: options, feeds, initial values, the executor.
+
+Policy:
+
+* the loss is ``--loss``, else the var whose gradient the program seeds;
+* initial values come from the startup program (``--startup``, else the one stored
+  next to the program file) plus documented defaults for whatever it leaves unset
+  (``ssaexec.program.defaults``), so any program file runs;
+* feeds are one fixed synthetic batch (``ssaexec.synthetic.synthetic_feed``, seeded),
+  or consecutive slices of the arrays of an ``--feed`` ``.npz`` file; every place
+  needs at least one sample;
+* a header says where every one of those choices came from, before the first step;
+  each step prints one line, with the progress bar erased around it.
+"""
+
+import math
+import sys
+from collections import namedtuple
+
+from ..errors import FeedError
+from ..parallel_executor import ParallelExecutor
+from ..program.defaults import loss_var, startup_for
+from ..runtime.scope import Scope
+from ..strategy import ExecutionStrategy
+from ..synthetic import synthetic_feed
+from .common import UsageError, build_strategy, load_program_file, places_from, positive
+
+__all__ = ["execution_options", "Setup", "setup", "print_header", "print_step", "throughput"]
+
+Setup = namedtuple("Setup", "pe main loss feed_of batch notes")
+
+
+def execution_options(parser, steps_default):
+    """Add the options of the commands that run a program (run, trace)."""
+    g = parser.add_argument_group("execution")
+    g.add_argument("--places", "-p", default=None, metavar="SPEC",
+                   help="cpu:N, cuda:0,1, cuda or N; default: every GPU, or cpu:2 without one")
+    g.add_argument("--steps", type=positive, default=steps_default,
+                   help="steps to run (default: %(default)s)")
+    g.add_argument("--batch", "-b", type=positive, default=None,
+                   help="global batch size, split over the places (default: 32, or the whole "
+                        "--feed file)")
+    g.add_argument("--threads", "-t", type=positive, default=None,
+                   help="scheduler threads (default: places + 1, at most 8; 1 = synchronous)")
+    g.add_argument("--feed", metavar="FILE.npz", default=None,
+                   help="feed arrays from an .npz file (one array per data var) instead of "
+                        "synthetic data; with --batch, consecutive slices of it")
+    g.add_argument("--startup", metavar="FILE", default=None,
+                   help="startup program (default: STEM.startup.EXT next to the program)")
+    g.add_argument("--no-startup", action="store_true",
+                   help="ignore any startup file: initialise persistables with the defaults")
+    g.add_argument("--lr", type=float, default=0.01,
+                   help="learning rate used when no startup program sets one "
+                        "(default: %(default)s)")
+    g.add_argument("--loss", metavar="VAR", default=None,
+                   help="loss var to fetch (default: the var whose gradient the program seeds)")
+    g.add_argument("--classes", type=positive, default=None,
+                   help="label range for synthetic int labels (default: from the program)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default: 0)")
+    g.add_argument("--reduce-strategy", choices=("all_reduce", "reduce"), default="all_reduce",
+                   help="all_reduce or reduce + broadcast (default: %(default)s)")
+    g.add_argument("--gradient-scale", choices=("coeff_num_device", "one", "customized"),
+                   default="coeff_num_device", help="seed of loss@GRAD (default: %(default)s)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _startup(args, main):
+    """(startup program, a note saying where the initial values come from)."""
+    if args.startup and args.no_startup:
+        raise UsageError("--startup and --no-startup contradict each other")
+    prog, path, added = startup_for(main, args.program, args.startup or None,
+                                    search=not args.no_startup, learning_rate=args.lr,
+                                    load=load_program_file)
+    if path is None:
+        how = f"defaults for {len(added)} persistable vars (no startup program; see docs/cli.md)"
+    else:
+        how = str(path) + (f" (+ defaults for {len(added)} vars it leaves unset)" if added
+                           else "")
+    return prog, how
+
+
+def _file_feeds(path, batch):
+    """(feed_of(step), rows per step, description) from an .npz file."""
+    import numpy as np
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise FeedError(f"{path}: no such feed file") from None
+    except (OSError, ValueError) as e:
+        raise FeedError(f"{path}: not a readable .npz feed file ({e})") from None
+    if not arrays:
+        raise FeedError(f"{path}: the .npz file holds no arrays")
+    rows = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
+    sizes = {r for r in rows.values() if r is not None}
+    if len(sizes) > 1:
+        raise FeedError(f"{path}: arrays disagree on the batch dimension: "
+                        + ", ".join(f"{k} {r}" for k, r in rows.items()))
+    n = sizes.pop() if sizes else 1
+    if batch is None or batch >= n:
+        return (lambda k: arrays), n, f"{path} (all {n} rows every step)"
+    starts = max(1, n // batch)
+
+    def feed_of(k):
+        i = (k % starts) * batch
+        return {name: (a[i:i + batch] if rows[name] is not None else a)
+                for name, a in arrays.items()}
+    return feed_of, batch, f"{path} ({batch} of {n} rows per step)"
+
+
+def setup(args):
+    """The ``Setup`` (executor, program, loss, feeds, batch, notes) of run and trace."""
+    main = load_program_file(args.program)
+    loss = args.loss or loss_var(main)
+    if loss is None:
+        raise UsageError(f"{args.program}: cannot tell the loss var (no op has role 'loss'; "
+                         "was the program built with optimizer.minimize?); pass --loss VAR")
+    if main.global_block().find_var(loss) is None:
+        raise UsageError(f"--loss {loss!r}: no such var in {args.program}")
+    places = places_from(args.places, need_devices=True)
+    startup, init_note = _startup(args, main)
+    if args.feed:
+        feed_of, batch, feed_note = _file_feeds(args.feed, args.batch)
+    else:
+        batch = args.batch or 32
+        feed = synthetic_feed(main, batch, args.seed, args.classes)
+        feed_of = lambda k: feed  # noqa: E731 - one fixed batch, see the run epilog
+        feed_note = f"synthetic, one fixed batch (seed {args.seed})"
+    if batch < len(places):
+        raise FeedError(f"batch {batch} is smaller than the {len(places)} places: every place "
+                        "needs at least one sample (raise --batch)")
+    pe = ParallelExecutor(places=places, main_program=main, startup_program=startup,
+                          loss_name=loss, build_strategy=build_strategy(args),
+                          exec_strategy=ExecutionStrategy(num_threads=args.threads),
+                          scope=Scope())
+    notes = {"places": ", ".join(str(p) for p in places), "threads": pe.num_threads,
+             "init": init_note, "feed": feed_note}
+    return Setup(pe, main, loss, feed_of, batch, notes)
+
+
+def print_header(args, s):
+    """Where the places, threads, batch, loss, initial values and feeds come from."""
+    print(f"ssaexec {args.command}: {args.program}")
+    print(f"  places {s.notes['places']} | {s.notes['threads']} threads | batch {s.batch} | "
+          f"{args.steps} steps | loss {s.loss}")
+    print(f"  parameters: {s.notes['init']}")
+    print(f"  feed: {s.notes['feed']}")
+    sys.stdout.flush()
+
+
+def print_step(bar, k, steps, loss, seconds, tag="", status=""):
+    """One line for step ``k`` (the bar erased first), then the bar one step further."""
+    bar.clear()
+    print(f"step {k:>4}/{steps}  loss {loss:.6f}  {seconds * 1e3:8.1f} ms{tag}", flush=True)
+    bar.update(1, status)
+
+
+def throughput(times, batch):
+    """(images/sec, seconds, which steps): step 1 (warm-up) left out when there are more."""
+    timed = times[1:] if len(times) > 1 else times
+    total = sum(timed)
+    rate = batch * len(timed) / total if total > 0 else math.inf
+    which = f"steps 2-{len(times)}" if len(times) > 1 else "step 1"
+    return rate, total, which

@@ -1,0 +1,50 @@
+"""``ssaexec stats``: sizes, critical path, width, traffic and memory of a program's SSA graph.
+
+The numbers come from ``ssaexec.graph.analysis.graph_stats`` (static: nothing
+runs) plus ``ssaexec.runtime.compiled.compile_summary`` (how the compiled runner
+would segment the graph); this module only picks the output form.
+"""
+
+import sys
+
+from .common import DEFAULT_STATIC_PLACES, EXIT_OK, graph_of, graph_options
+
+__all__ = ["register"]
+
+EPILOG = """\
+critical path: the longest chain of dependent op handles, in ops.
+max width: the most handles at one level of the as-soon-as-possible schedule,
+and the largest set of mutually independent handles (how many could run at
+once; exact, by Dilworth's theorem). Traffic: bytes each place sends per step
+with ring algorithms: all-reduce 2(n-1)/n x payload, reduce and broadcast
+(n-1)/n x payload. Memory: parameters, gradients, other persistables.
+
+examples:
+  ssaexec stats examples/small_resnet.json --places 4
+  ssaexec stats examples/seed_mlp.json --reduce-strategy reduce --format json
+"""
+
+
+def register(add):
+    """Add the ``stats`` subcommand through ``add(name, help, epilog, parents)``."""
+    p = add("stats", "print statistics of the SSA graph of a program", EPILOG,
+            [graph_options(DEFAULT_STATIC_PLACES)])
+    p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
+    p.add_argument("--format", "-f", choices=("text", "json"), default="text",
+                   help="output form (default: %(default)s)")
+    p.set_defaults(func=cmd_stats)
+
+
+def cmd_stats(args):
+    from ..graph.analysis import format_stats, graph_stats
+    from ..runtime.compiled import compile_summary
+    graph = graph_of(args)
+    stats = graph_stats(graph)
+    stats["compiled"] = compile_summary(graph)  # last: it adds the alias edges
+    if args.format == "json":
+        import json
+        stats = dict(stats, program=args.program)
+        sys.stdout.write(json.dumps(stats, indent=1) + "\n")
+    else:
+        sys.stdout.write(format_stats(stats, args.program))
+    return EXIT_OK
