@@ -27,7 +27,8 @@ from ..errors import ProgramError
 from ..ops.registry import EMPTY_VAR, get_op_def
 
 __all__ = ["DTYPES", "ROLES", "EMPTY_VAR", "BlockRef", "VarDesc", "OpDesc", "BlockDesc",
-           "ProgramDesc", "Program", "grad_var_name", "torch_dtype", "dtype_name"]
+           "ProgramDesc", "Program", "grad_var_name", "register_test_rewrite", "torch_dtype",
+           "dtype_name"]
 
 # 'loss' marks the op that seeds loss@GRAD; the graph builder swaps it for a
 # ScaleLossGrad handle. 'optimize' ops update parameters.
@@ -39,6 +40,24 @@ GRAD_SUFFIX = "@GRAD"
 def grad_var_name(name):
     """Return the name of the gradient variable of ``name`` (``name@GRAD``)."""
     return name + GRAD_SUFFIX
+
+
+# Rewrites ``clone(for_test=True)`` applies to every clone after dropping the training
+# ops, for op types the program layer knows nothing of: the torch importer registers
+# ``ssaexec.frontends.torch.evalmode.to_inference`` (imported batch norm on running
+# statistics, dropout off). Registration keeps the layers: program/ imports no frontend.
+_TEST_REWRITES = []
+
+
+def register_test_rewrite(fn):
+    """Have ``clone(for_test=True)`` call ``fn(program)`` on each clone; returns ``fn``.
+
+    ``fn`` rewrites the forward-only clone in place and must leave programs
+    without its ops unchanged. Registering the same function again does nothing.
+    """
+    if fn not in _TEST_REWRITES:
+        _TEST_REWRITES.append(fn)
+    return fn
 
 
 class BlockRef:
@@ -414,7 +433,9 @@ class ProgramDesc:
 
     # --- copies -------------------------------------------------------------------------
     def clone(self, for_test=False):
-        """A deep copy. ``for_test=True`` drops backward/optimizer ops and sets ``is_test``."""
+        """A deep copy. ``for_test=True`` drops backward/optimizer ops, sets ``is_test`` and
+        applies the registered test rewrites (``register_test_rewrite``: imported batch
+        norm on running statistics, imported dropout off)."""
         new = ProgramDesc(self.random_seed)
         new.blocks = []
         for b in self.blocks:
@@ -430,6 +451,8 @@ class ProgramDesc:
                     op_def = get_op_def(op.type, missing_ok=True)
                     if op_def is not None and "is_test" in op_def.attrs:
                         op.attrs["is_test"] = True
+            for rewrite in _TEST_REWRITES:
+                rewrite(new)
         return new
 
     def validate(self):

@@ -4,6 +4,11 @@
                                         loss_fn=torch.nn.functional.cross_entropy,
                                         optimizer=se.optimizer.SGD(0.1))
 
+and, for evaluation and back to PyTorch:
+
+    test, test_startup, out = se.from_torch(model, {"x": x}, for_test=True)
+    se.frontends.torch.write_back(pe, model)     # trained weights and statistics
+
 Three steps, one module each:
 
 * ``capture``: torch's own machinery (AOTAutograd's joint export) traces the
@@ -15,6 +20,15 @@ Three steps, one module each:
   program;
 * ``locate``: on the error path only, find the module path and source line a
   failure comes from.
+
+and two for after training:
+
+* ``evalmode``: ``to_inference`` switches an imported training program's batch
+  norm to its running statistics and its dropout off; registered with
+  ``ssaexec.program.desc.register_test_rewrite``, so ``clone(for_test=True)``
+  applies it (``inference_program(main)`` is the same as a function);
+* ``writeback``: ``write_back(pe, module)`` copies the trained parameters and
+  batch-norm statistics from the executor's places into the ``nn.Module``.
 
 Policy (details in each module's docstring):
 
@@ -29,6 +43,11 @@ Policy (details in each module's docstring):
   module itself is never changed.
 * The loss is ``loss`` (``LOSS_NAME``), each parameter's gradient
   ``<param>@GRAD``; optimizer ops come last (``Optimizer.apply_gradients``).
+* ``for_test=True`` (``from_torch_eval``) traces the forward alone with the module
+  in eval mode (its ``training`` flags restored after); the result is ``output``
+  (``OUTPUT_NAME``), and the program's persistable vars are exactly the module's
+  parameters and buffers under the training import's names (graph constants are
+  ops of ``main``), so it runs on a training executor's values.
 
 Anything the program cannot express raises ``ProgramError`` naming the
 construct and the module path: data-dependent control flow (a Python ``if`` on
@@ -42,21 +61,28 @@ import torch
 
 from ...errors import ProgramError
 from ...program.builder import program_guard
-from ...program.desc import Program, grad_var_name
-from .capture import capture_joint, check_inputs
-from .lower import LOSS_NAME, Lowering
+from ...program.desc import Program, grad_var_name, register_test_rewrite
+from .capture import capture_forward, capture_joint, check_inputs
+from .evalmode import inference_program, to_inference
+from .lower import LOSS_NAME, OUTPUT_NAME, Lowering
+from .writeback import write_back
 
-__all__ = ["from_torch", "LOSS_NAME"]
+__all__ = ["from_torch", "from_torch_eval", "inference_program", "write_back", "LOSS_NAME",
+           "OUTPUT_NAME"]
+
+register_test_rewrite(to_inference)
 
 
 def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatched=(),
-               random_seed=0, validate=True):
-    """Capture ``module``'s forward and backward and return a training program.
+               random_seed=0, validate=True, for_test=False):
+    """Capture ``module``'s forward and backward and return a training program
+    (``for_test=True``: its eval-mode forward, an evaluation program).
 
     Parameters
     ----------
     module : torch.nn.Module
         In the mode it should train in (``module.train()``); it is not modified.
+        With ``for_test=True`` its mode does not matter: it is traced in eval mode.
     example_inputs : dict of str -> torch.Tensor
         The forward's arguments by name (plus ``target`` with ``loss_fn``). The
         names become the program's feed vars, the tensors fix dtypes and the
@@ -73,11 +99,24 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
         The programs' ``random_seed``.
     validate : bool
         Run ``main.validate()`` before returning.
+    for_test : bool
+        Import an evaluation program instead: ``module.eval()`` semantics (batch
+        norm normalises with its running statistics and does not update them,
+        dropout is off), the forward only; no ``loss_fn``, ``target`` or
+        ``optimizer``. Parameters and buffers keep the names the training import
+        gives them and are its only persistable vars, so the program runs on a
+        training executor's values (``ParallelExecutor(..., share_vars_from=...)``
+        or copies through ``pe.get_var``/``pe.set_var``); ``startup`` sets them to
+        the module's current values.
 
     Returns
     -------
     (Program, Program, str)
-        ``(main_program, startup_program, loss_name)``.
+        ``(main_program, startup_program, loss_name)``; with ``for_test=True``
+        ``(main_program, startup_program, output_name)``, where ``output_name``
+        is the var holding the forward's result (``"output"``), or a list of
+        names (``"output.0"``, ``"output.1"`` ...) when the forward returns a
+        tuple or list of several tensors. Fetch it like any var.
 
     Raises
     ------
@@ -87,6 +126,14 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
     """
     if not isinstance(module, torch.nn.Module):
         raise ProgramError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
+    if for_test:
+        if loss_fn is not None or optimizer is not None:
+            given = [n for n, v in (("loss_fn", loss_fn), ("optimizer", optimizer))
+                     if v is not None]
+            raise ProgramError(f"from_torch(for_test=True) imports the forward alone: pass no "
+                               f"{' and no '.join(given)} (and no 'target' input); fetch the "
+                               "returned output var and compute metrics from it")
+        return _import_eval(module, example_inputs, unbatched, random_seed, validate)
     inputs = check_inputs(module, example_inputs, loss_fn, unbatched)
     batched = [n for n in inputs if n not in set(unbatched)]
     joint = capture_joint(module, inputs, loss_fn, batched)
@@ -106,3 +153,26 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
         main.validate()
         startup.validate()
     return main, startup, LOSS_NAME
+
+
+def from_torch_eval(module, example_inputs, *, unbatched=(), random_seed=0, validate=True):
+    """``from_torch(module, example_inputs, for_test=True, ...)``: an evaluation program.
+
+    Returns ``(main_program, startup_program, output_name)``; see ``from_torch``.
+    """
+    return from_torch(module, example_inputs, unbatched=unbatched, random_seed=random_seed,
+                      validate=validate, for_test=True)
+
+
+def _import_eval(module, example_inputs, unbatched, random_seed, validate):
+    inputs = check_inputs(module, example_inputs, None, unbatched)
+    batched = [n for n in inputs if n not in set(unbatched)]
+    joint = capture_forward(module, inputs, batched)
+    main, startup = Program(random_seed), Program(random_seed)
+    lowering = Lowering(joint, inputs, main, startup, constants_in_main=True)
+    lowering.run()
+    if validate:
+        main.validate()
+        startup.validate()
+    names = lowering.output_names
+    return main, startup, names[0] if len(names) == 1 else names

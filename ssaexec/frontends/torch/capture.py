@@ -3,6 +3,9 @@
 ``capture_joint`` runs AOTAutograd's joint export (``aot_export_module`` with
 ``trace_joint=True``) on fake tensors whose batch dimension is a symbol, and
 hands the lowering a ``Joint``: the FX graph plus what its nodes mean.
+``capture_forward`` is the same for an evaluation program: the module in eval
+mode (``module.eval()`` for the trace, its flags restored after), forward only
+(``trace_joint=False``), the forward's results as ``outputs``.
 
 Policy:
 
@@ -24,7 +27,9 @@ Invariants of a ``Joint``:
 * the batch symbols are named ``s0, s1 ...`` in input order, each bound to the
   first input dimension that is exactly that symbol, and every batched input's
   dimension 0 is symbolic (a module that fixes it is refused);
-* ``seed`` is the one ``ones_like`` of the loss that seeds the backward;
+* ``seed`` is the one ``ones_like`` of the loss that seeds the backward (a
+  forward-only capture has no ``loss``, ``seed`` or ``grads``, and ``outputs``
+  lists the nodes of the forward's results);
 * no input or parameter is mutated in place and no op has side effects.
 """
 
@@ -36,8 +41,8 @@ from ...dtypes import DTYPES
 from ...errors import ProgramError
 from .locate import capture_error, locate_mutation
 
-__all__ = ["LossWrapper", "Joint", "check_inputs", "capture_joint", "op_type",
-           "strip_wrapped"]
+__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "check_inputs", "capture_joint",
+           "capture_forward", "op_type", "strip_wrapped"]
 
 # LossWrapper holds the user's module as ``module``, so its state names start so
 _PREFIX = "module."
@@ -117,17 +122,49 @@ class LossWrapper(torch.nn.Module):
         return (loss,)
 
 
+class ForwardWrapper(torch.nn.Module):
+    """The traced root of an evaluation capture: calls the module by keyword and
+    returns its result as a tuple (one tensor, or a tuple or list of tensors).
+
+    ``around(m)`` (the error path's eager re-run, on a copy) puts the copy in eval
+    mode, as the capture saw the module.
+    """
+
+    def __init__(self, module, names):
+        super().__init__()
+        self.module = module
+        self.names = list(names)
+
+    def around(self, module):
+        """A wrapper with the same inputs around ``module`` (a copy), in eval mode."""
+        return ForwardWrapper(module.eval(), self.names)
+
+    def forward(self, *tensors):
+        out = self.module(**dict(zip(self.names, tensors, strict=True)))
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
+            kinds = [type(t).__name__ for t in outs] if isinstance(out, (tuple, list)) \
+                else type(out).__name__
+            raise ProgramError(
+                f"from_torch(for_test=True): the forward of {type(self.module).__name__} must "
+                f"return a tensor or a tuple or list of tensors, got {kinds}")
+        return tuple(outs)
+
+
 class Joint:
-    """What ``capture_joint`` hands to the lowering: an FX graph plus its meaning.
+    """What ``capture_joint`` (``capture_forward``) hands to the lowering: an FX graph
+    plus its meaning.
 
     FX nodes keyed to names (feeds, parameters, buffers, gradients, mutated
-    buffers), the loss and its gradient seed, and ``expr``, which renders a
+    buffers), the loss and its gradient seed (None in a forward-only capture),
+    ``outputs`` (the forward's results of a forward-only capture, else empty), and
+    ``expr``, which renders a
     node's symbolic size as a number or a size expression over ``symbols``
     (symbol -> (feed name, dimension)), so the lowering needs no sympy.
     """
 
     __slots__ = ("gm", "feeds", "params", "buffers", "param_order", "buffer_order", "loss",
-                 "seed", "grads", "mutations", "symbols", "expr", "wrapper")
+                 "seed", "grads", "mutations", "symbols", "expr", "wrapper", "outputs")
 
 
 def capture_joint(module, inputs, loss_fn, batched):
@@ -139,13 +176,69 @@ def capture_joint(module, inputs, loss_fn, batched):
     tracing (and always restored), so nothing real is computed or changed.
     Tested with torch 2.13 and 2.14 (see docs/torch_frontend.md).
     """
-    import sympy
+    _refuse_cumulative_batch_norm(module)
+    wrapper = LossWrapper(module, list(inputs), loss_fn)
+    gm, sig = _export(wrapper, inputs, batched, trace_joint=True)
+    joint, nodes = _joint(module, wrapper, gm, sig, inputs, batched)
+    joint.loss = nodes[sig.user_outputs[0]]
+    joint.outputs = []
+    bwd = sig.backward_signature
+    joint.grads = [(nodes[k], strip_wrapped(v)) for k, v in bwd.gradients_to_parameters.items()]
+    seeds = [u for u in joint.loss.users if op_type(u) in _SEEDS]
+    if len(seeds) != 1:
+        raise ProgramError(f"from_torch: cannot find the loss-gradient seed in the graph torch "
+                           f"{torch.__version__} captured (expected one ones_like of the loss, "
+                           f"found {len(seeds)}); this torch version is not supported")
+    joint.seed = seeds[0]
+    return joint
+
+
+def capture_forward(module, inputs, batched):
+    """Trace ``module(**inputs)`` in eval mode, forward only, into one ATen graph.
+
+    ``module.eval()`` holds while tracing (batch norm reads its running
+    statistics, dropout is off) and every submodule's ``training`` flag is
+    restored afterwards. Same export as ``capture_joint`` with
+    ``trace_joint=False``; the ``Joint`` has no loss, seed or gradients, and
+    ``outputs`` are the nodes of the forward's results in order.
+    """
+    wrapper = ForwardWrapper(module, list(inputs))
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        gm, sig = _export(wrapper, inputs, batched, trace_joint=False)
+    finally:
+        for m, training in flags:
+            m.training = training
+    joint, nodes = _joint(module, wrapper, gm, sig, inputs, batched)
+    joint.loss = joint.seed = None
+    joint.grads = []
+    joint.outputs = [nodes[n] if isinstance(n, str) else n for n in sig.user_outputs]
+    return joint
+
+
+def _refuse_cumulative_batch_norm(module):
+    # momentum=None makes batch norm read num_batches_tracked into a Python float
+    # (1 / num_batches_tracked) each training step: data-dependent, so say so plainly
+    from torch.nn.modules.batchnorm import _BatchNorm
+    for path, m in module.named_modules():
+        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats \
+                and m.momentum is None:
+            where = f"module {path!r}" if path else "the root module"
+            raise ProgramError(
+                f"from_torch: {where} ({type(m).__name__}) has momentum=None (a cumulative "
+                "moving average of the statistics, whose factor 1/num_batches_tracked is read "
+                "out of a tensor each step), which one program cannot express; give it a "
+                "momentum (e.g. 0.1)")
+
+
+def _export(wrapper, inputs, batched, trace_joint):
+    """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
     from torch._functorch.aot_autograd import aot_export_module
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                        StatelessSymbolicContext)
 
-    wrapper = LossWrapper(module, list(inputs), loss_fn)
     shape_env = ShapeEnv()
     fake_mode = FakeTensorMode(shape_env=shape_env)
     fakes = []
@@ -174,7 +267,9 @@ def capture_joint(module, inputs, loss_fn, batched):
         # Inside the fake mode: the export re-traces its joint graph with make_fx, and factory
         # ops with symbolic sizes (an LSTM's zero state) must not reach real kernels there.
         with fake_mode:
-            gm, sig = aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0)
+            if trace_joint:
+                return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0)
+            return aot_export_module(wrapper, fakes, trace_joint=False)
     except ProgramError:
         raise
     except Exception as e:  # noqa: BLE001 - every capture failure becomes a ProgramError
@@ -182,6 +277,11 @@ def capture_joint(module, inputs, loss_fn, batched):
     finally:
         for table, key, real in reversed(swapped):
             table[key] = real
+
+
+def _joint(module, wrapper, gm, sig, inputs, batched):
+    """The ``Joint`` parts both captures share, and the graph's nodes by name."""
+    import sympy
 
     nodes = {n.name: n for n in gm.graph.nodes}
     joint = Joint()
@@ -207,16 +307,7 @@ def capture_joint(module, inputs, loss_fn, batched):
     if getattr(sig, "input_tokens", None) or getattr(sig, "output_tokens", None):
         raise ProgramError(f"from_torch: the forward of {type(module).__name__} calls an op "
                            "with side effects (effect tokens), which programs cannot express")
-    joint.loss = nodes[sig.user_outputs[0]]
-    bwd = sig.backward_signature
-    joint.grads = [(nodes[k], strip_wrapped(v)) for k, v in bwd.gradients_to_parameters.items()]
     joint.mutations = [(nodes[k], strip_wrapped(v)) for k, v in sig.buffers_to_mutate.items()]
-    seeds = [u for u in joint.loss.users if op_type(u) in _SEEDS]
-    if len(seeds) != 1:
-        raise ProgramError(f"from_torch: cannot find the loss-gradient seed in the graph torch "
-                           f"{torch.__version__} captured (expected one ones_like of the loss, "
-                           f"found {len(seeds)}); this torch version is not supported")
-    joint.seed = seeds[0]
 
     # Symbols: name them s0, s1 ... in input order, each bound to the first input
     # dimension that is exactly that symbol.
@@ -253,7 +344,7 @@ def capture_joint(module, inputs, loss_fn, batched):
         return value
 
     joint.expr = expr
-    return joint
+    return joint, nodes
 
 
 def op_type(node):

@@ -4,7 +4,9 @@
 ``capture.Joint`` in order and builds ``main`` (forward, loss seed, backward)
 and ``startup`` (the parameter values) through the ``BlockDesc`` API
 (``create_var``, ``append_op``, ``rename_var``, ``remove_var``,
-``add_role_var``); it never edits a block's tables directly.
+``add_role_var``); it never edits a block's tables directly. A forward-only
+joint (``capture.capture_forward``, the evaluation import) lowers the same way
+into a program without loss, seed or gradients.
 
 Policy and invariants of the lowered program:
 
@@ -16,6 +18,14 @@ Policy and invariants of the lowered program:
   buffers keep their module names, are persistable, and ``startup`` sets them to
   the module's current values (``assign_bytes``). Tied tensors (one Parameter
   under two names) become one var, the first name, whose gradient sums the parts.
+* A forward-only joint's results are ``output`` (``OUTPUT_NAME``), or
+  ``output.0``, ``output.1`` ... when the forward returns a tuple or list (a
+  ``_k`` suffix if a feed or parameter has the name already), each written by the
+  op computing it or by a ``clone`` when it is an input, a parameter or another
+  result; ``output_names`` lists them. Its graph constants are ``assign_bytes``
+  ops in ``main`` (``constants_in_main``), so its persistable vars are exactly the
+  module's parameters and buffers, under the names the training import gives
+  them: an evaluation executor can run on the training executor's values.
 * The loss is ``loss`` (``LOSS_NAME``); its gradient seed is a ``fill_constant``
   of 1 with role ``loss`` writing ``loss@GRAD``, which the SSA graph builder
   replaces with ScaleLossGrad (1/places), so the summed (all-reduced) gradient
@@ -28,8 +38,8 @@ Policy and invariants of the lowered program:
 * A buffer the forward updates (batch norm's running statistics,
   ``num_batches_tracked``) is written back under its own name; with several
   places every place keeps its own statistics (as DDP does on rank 0).
-* ``detach`` is a rename; views are copies (see ``ssaexec.ops.aten``); dead
-  nodes are dropped; shape asserts are dropped.
+* ``detach``, ``alias`` and ``lift_fresh(_copy)`` are renames; views are copies (see
+  ``ssaexec.ops.aten``); dead nodes are dropped; shape asserts are dropped.
 * What the program cannot express (in-place updates, non-ATen calls,
   data-dependent values or shapes, unsupported dtypes, layouts or arguments)
   raises ``ProgramError`` naming the op and the module path (``locate``).
@@ -46,10 +56,12 @@ from ...program.desc import EMPTY_VAR, grad_var_name
 from .capture import op_type, strip_wrapped
 from .locate import UNKNOWN, locate_call, written_args
 
-__all__ = ["LOSS_NAME", "Lowering"]
+__all__ = ["LOSS_NAME", "OUTPUT_NAME", "Lowering"]
 
 LOSS_NAME = "loss"
-_RENAMES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default"})
+OUTPUT_NAME = "output"
+_RENAMES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
+                      "aten.lift_fresh_copy.default"})
 _ASSERTS = frozenset({"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
                       "aten.sym_constrain_range_for_size.default",
                       "aten.sym_constrain_range.default", "aten._assert_async.msg",
@@ -60,10 +72,13 @@ class Lowering:
     """Turn a ``capture.Joint`` into ops and vars of ``main`` and initialisers of ``startup``.
 
     ``inputs`` are the example inputs (the error path re-runs the forward on them);
-    after ``run()``, ``param_order`` lists the program's parameters in module order.
+    after ``run()``, ``param_order`` lists the program's parameters in module order
+    and ``output_names`` the vars of a forward-only joint's results.
+    ``constants_in_main``: graph constants become ``assign_bytes`` ops of ``main``
+    writing ordinary vars, instead of persistable vars set by ``startup``.
     """
 
-    def __init__(self, joint, inputs, main, startup):
+    def __init__(self, joint, inputs, main, startup, constants_in_main=False):
         self.j = joint
         self.inputs = inputs
         self.block = main.global_block()
@@ -75,6 +90,9 @@ class Lowering:
         self.backward = set()
         self.canonical = {}    # parameter or buffer name -> the name of its var (tied ones)
         self.param_order = []  # the program's parameters, in module order
+        self.constants_in_main = constants_in_main
+        self.output_names = []  # a forward-only joint's results, in order
+        self._output_of = {}    # FX node of a result -> its name (first occurrence)
 
     # names
     def fresh(self, base):
@@ -103,6 +121,11 @@ class Lowering:
         self.taken.update({LOSS_NAME, grad_var_name(LOSS_NAME)})
         self.taken.update(grad_var_name(p) for p in j.param_order)
         self._declare_inputs()
+        outs = j.outputs or []
+        for k, node in enumerate(outs):
+            name = self.fresh(OUTPUT_NAME if len(outs) == 1 else f"{OUTPUT_NAME}.{k}")
+            self.output_names.append(name)
+            self._output_of.setdefault(node, name)
         self._mark_backward()
         self.param_order = [p for p in j.param_order if self.canonical[p] == p]
         for node in graph.nodes:
@@ -116,6 +139,7 @@ class Lowering:
                 raise ProgramError(f"from_torch: unsupported FX node {node.op} {node.target}")
         self._finish_grads()
         self._finish_mutations()
+        self._finish_outputs()
 
     def _declare_inputs(self):
         j = self.j
@@ -160,14 +184,23 @@ class Lowering:
             raise ProgramError(f"from_torch: constant {node.target!r} has dtype {value.dtype}")
         name = self.fresh(f"const.{node.target}")
         self.var_of[node] = name
+        if self.constants_in_main:
+            value = value.detach()
+            self.block.create_var(name, list(value.shape), dtype_name(value.dtype),
+                                  stop_gradient=True)
+            self.sym_shape[name] = list(value.shape)
+            self.block.append_op("assign_bytes", {}, {"Out": [name]},
+                                 {"shape": list(value.shape), "dtype": dtype_name(value.dtype),
+                                  "data": encode_bytes(value)})
+            return
         flags = dict(persistable=True, stop_gradient=True)
         self.block.create_var(name, list(value.shape), dtype_name(value.dtype), **flags)
         self.sym_shape[name] = list(value.shape)
         self._init_value(name, value, flags)
 
     def _mark_backward(self):
-        # Ops that depend on the seed are the backward pass.
-        todo = [self.j.seed]
+        # Ops that depend on the seed are the backward pass (none without a seed).
+        todo = [self.j.seed] if self.j.seed is not None else []
         while todo:
             n = todo.pop()
             if n in self.backward:
@@ -233,6 +266,9 @@ class Lowering:
     def _out_name(self, node):
         if node is self.j.loss:
             return LOSS_NAME
+        name = self._output_of.pop(node, None)
+        if name is not None:
+            return name
         return self.fresh(node.name)
 
     def _emit(self, node, t):
@@ -435,6 +471,7 @@ class Lowering:
                 var = block.var(src)
                 direct = (not var.persistable and src not in moved.values()
                           and src not in (LOSS_NAME, grad_var_name(LOSS_NAME))
+                          and src not in self.output_names
                           and not src.endswith("@GRAD")
                           and not any(buf in op.input_names() for op in block.ops[w + 1:]))
             if direct:
@@ -445,3 +482,20 @@ class Lowering:
             elif src != buf:
                 block.append_op("aten.clone.default", {"X": [src]}, {"Out": [buf]},
                                 {"self": "X[0]"}, role="forward")
+
+    def _finish_outputs(self):
+        # A result that no op wrote under its name (an input, a parameter, a renamed
+        # detach, a result returned twice) is a copy of the var it is.
+        block = self.block
+        for node, name in zip(self.j.outputs or [], self.output_names, strict=True):
+            src = self.var_of.get(node)
+            if src is None:
+                raise ProgramError(f"from_torch: the forward's result {node.name} has no "
+                                   "producer")
+            if src == name:
+                continue
+            val = block.var(src)
+            block.create_var(name, val.shape, val.dtype)
+            self.sym_shape[name] = self.sym_shape[src]
+            block.append_op("aten.clone.default", {"X": [src]}, {"Out": [name]},
+                            {"self": "X[0]"}, role="forward")
