@@ -50,18 +50,23 @@ class BuildStrategy:
         bytes); only the owner keeps its optimizer state, updates it and broadcasts the
         new value. Stage 1 all-reduces gradients; stage 2 reduces each one to its
         owner only (the ``reduce`` strategy's graph).
+    async_allreduce : bool
+        Multi-process runs: start each cross-process all-reduce and go on, completing
+        it in a separate wait handle that only its readers wait for, so several are in
+        flight while backward runs (``graph.ssa.AllReduceWaitOpHandle``).
     """
 
     __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
                  "num_trainers", "trainer_id", "debug_distributed",
-                 "gradient_accumulation_steps", "allreduce_dtype", "zero_stage")
+                 "gradient_accumulation_steps", "allreduce_dtype", "zero_stage",
+                 "async_allreduce")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
                  fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
                  debug_distributed=False, gradient_accumulation_steps=1,
-                 allreduce_dtype=None, zero_stage=0):
+                 allreduce_dtype=None, zero_stage=0, async_allreduce=True):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -85,6 +90,7 @@ class BuildStrategy:
         self.gradient_accumulation_steps = int(gradient_accumulation_steps)
         self.allreduce_dtype = _check("allreduce_dtype", allreduce_dtype, (None, "bf16", "fp16"))
         self.zero_stage = _check("zero_stage", zero_stage, (0, 1, 2))
+        self.async_allreduce = bool(async_allreduce)
         if zero_stage == 1 and reduce_strategy == "reduce":
             raise SSAExecError("zero_stage=1 all-reduces gradients, which contradicts "
                                "reduce_strategy='reduce' (that is zero_stage=2's graph)")

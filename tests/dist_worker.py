@@ -82,10 +82,13 @@ def _train(se, model, fused, record):
             vals = [s.find_var(p.name) for s in pe.local_scopes]
             assert all(torch.equal(vals[0], v) for v in vals[1:]), p.name
             params[p.name] = vals[0].clone()
-        n_collectives = len(pe.graph([loss]).collectives)
+        graph = pe.graph([loss])
+        n_collectives = len(graph.collectives)
+        waits = [h.start.id for h in graph.ops_of_kind("all_reduce_wait")]
     record[f"{model}{'_fused' if fused else ''}"] = {
         "local_losses": torch.stack(local), "losses": torch.stack(averaged), "params": params,
-        "collectives": n_collectives}
+        "collectives": n_collectives, "waits": sorted(waits),
+        "starts": sorted(h.id for h in graph.collectives)}
 
 
 # build-strategy options the "strategies" scenario runs across processes

@@ -28,8 +28,9 @@ from ..program.desc import EMPTY_VAR, Program
 from ..place import Place
 from ..strategy import BuildStrategy
 from .fuse import GradBucketer
-from .ssa import (AllReduceOpHandle, BroadcastOpHandle, ComputationOpHandle, FetchOpHandle,
-                  ReduceOpHandle, ScaleLossGradOpHandle, SSAGraph)
+from .ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
+                  ComputationOpHandle, FetchOpHandle, ReduceOpHandle, ScaleLossGradOpHandle,
+                  SSAGraph)
 
 __all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners"]
 
@@ -222,13 +223,23 @@ def _scale_loss_grad(g, op, index, strategy, ranks):
 
 def _all_reduce(g, grads, wire=None):
     h = g.add_op(AllReduceOpHandle(grads, wire))
-    for name in grads:
+    _read_write_all(g, h, grads)
+    if g.strategy.num_trainers > 1 and g.strategy.async_allreduce:
+        # the handle starts the cross-process call (its version of each gradient is "in
+        # flight"); a wait handle completes it, and only the readers of its version wait
+        h.wait = g.add_op(AllReduceWaitOpHandle(h))
+        g.depend(h, h.wait, "async")
+        _read_write_all(g, h.wait, grads)
+    return h
+
+
+def _read_write_all(g, h, names):
+    for name in names:
         for pi in range(len(g.places)):
             g.read(h, pi, name)
-    for name in grads:
+    for name in names:
         for pi in range(len(g.places)):
             g.write(h, pi, name)
-    return h
 
 
 def _reduce(g, grad, owner):

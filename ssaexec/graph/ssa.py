@@ -31,8 +31,9 @@ from ..dtypes import torch_dtype
 from ..errors import GraphError
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
-           "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle", "ReduceOpHandle", "BroadcastOpHandle",
-           "FetchOpHandle", "SSAGraph", "HANDLE_KINDS"]
+           "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle",
+           "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle",
+           "SSAGraph", "HANDLE_KINDS"]
 
 HANDLE_KINDS = {}  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
@@ -213,11 +214,12 @@ class AllReduceOpHandle(CollectiveOpHandle):
     to the wire type as it travels back, is cast to the gradient's type.
     """
 
-    __slots__ = ("wire_dtype",)
+    __slots__ = ("wire_dtype", "wait")
 
     def __init__(self, var_names, wire_dtype=None):
         super().__init__(var_names)
         self.wire_dtype = wire_dtype
+        self.wait = None  # the AllReduceWaitOpHandle that completes an asynchronous one
     kind = "all_reduce"
     legend = "all-reduce"
     color = "#f8b4b4"
@@ -234,23 +236,73 @@ class AllReduceOpHandle(CollectiveOpHandle):
         return 2 * (n - 1) / n
 
     def apply(self, collective, tensors, label):
+        self.apply_start(collective, tensors, label)()
+
+    def apply_start(self, collective, tensors, label):
+        """Start the all-reduce of ``tensors``; return the function that completes it
+        (a backend without asynchronous calls has finished already)."""
+        start = getattr(collective, "all_reduce_start", None)
         wire = torch_dtype(self.wire_dtype) if self.wire_dtype else None
         if wire is None or not tensors[0].is_floating_point() or tensors[0].dtype == wire:
+            if start is not None:
+                return start(tensors, label=label)
             collective.all_reduce(tensors, label=label)
-            return
+            return _done
         if getattr(collective, "local_only", False):
             sent = [t.to(wire).to(t.dtype) for t in tensors]  # rounded, summed exactly
         else:
             sent = [t.to(wire) for t in tensors]
-        collective.all_reduce(sent, label=label)
-        for t, s in zip(tensors, sent, strict=True):
-            t.copy_(s.to(wire))
+        if start is not None:
+            finish = start(sent, label=label)
+        else:
+            collective.all_reduce(sent, label=label)
+            finish = _done
+
+        def complete():
+            finish()
+            for t, s in zip(tensors, sent, strict=True):
+                t.copy_(s.to(wire))
+        return complete
 
     def details(self):
         d = super().details()
         if self.wire_dtype:
             d["wire_dtype"] = self.wire_dtype
         return d
+
+
+def _done():
+    return None
+
+
+class AllReduceWaitOpHandle(OpHandle):
+    """Completes the asynchronous all-reduce ``start`` (multi-process runs).
+
+    The all-reduce handle issues the cross-process call and returns, so the chain of
+    collectives moves on and several are in flight while backward goes on; this
+    handle waits for the result and writes the reduced versions, and only what reads
+    them waits for it (DDP's reducer works the same way).
+    """
+
+    __slots__ = ("start",)
+    kind = "all_reduce_wait"
+    legend = "all-reduce wait"
+    color = "#fbd5d5"
+    stream = "comm"
+
+    def __init__(self, start):
+        super().__init__()
+        self.start = start
+
+    @property
+    def name(self):
+        return f"wait({self.start.name})"
+
+    def section(self):
+        return "comm"
+
+    def details(self):
+        return {"waits_for": self.start.id}
 
 
 class ReduceOpHandle(CollectiveOpHandle):

@@ -35,7 +35,7 @@ cross-stream events are recorded only on node edges that cross streams
 import threading
 
 from ..graph.aliasing import plan_aliasing
-from ..graph.ssa import ComputationOpHandle, FetchOpHandle
+from ..graph.ssa import ComputationOpHandle
 from .codegen import CloneCounter, lower_segment
 from .graph_runner import GraphRunner
 from .scheduler import DependencyPlan
@@ -126,11 +126,12 @@ def partition(graph, noop_collectives, atomic=False):
     order = _program_order(graph)
     multi = set()
     for h in graph.ops:
-        if isinstance(h, FetchOpHandle) or (h.is_collective and not noop_collectives):
+        # handles spanning places are nodes of their own (but one place's no-op collectives)
+        if not h.on_one_place and not (h.is_collective and noop_collectives):
             multi.add(h.id)
     feeds_multi = set()
     for h in graph.ops:
-        if h.id in multi and h.is_collective:  # fetches wait at the end: they cut nothing
+        if h.id in multi and h.stream != "fetch":  # fetches wait at the end: they cut nothing
             for p in h.producers():
                 feeds_multi.add(p.id)
     nodes, node_of = [], {}
@@ -292,6 +293,7 @@ class CompiledRunner(GraphRunner):
         self.collective = collective
         self.scheduler = scheduler
         self.fetched = {}
+        self.pending = {}  # started asynchronous all-reduces (GraphRunner._collective_fn)
         self._lock = threading.Lock()
         self._refs = []
         self.counter = CloneCounter()

@@ -16,8 +16,11 @@ Its gradient all-reduce is hierarchical:
 Order. The SSA graph chains its collectives by dummy edges, so the scheduler
 runs them one at a time in the graph's order, and that order is the program
 order, the same in every process: ranks never pair up mismatched collectives.
-The call blocks only the scheduler thread that runs the collective (the wait
-releases the GIL), so the rest of backward runs on the other threads meanwhile.
+With ``BuildStrategy(async_allreduce=True)`` (the default) the graph splits each
+all-reduce in two handles: the first sums the places and starts the cross-process
+call (``all_reduce_start``) and returns at once, so the chain moves on and several
+all-reduces are in flight while backward runs; an ``AllReduceWaitOpHandle`` waits for
+the result and copies it to the places, and only the gradient's readers wait for it.
 
 Failures. Every ``torch.distributed`` call goes through ``call``, which turns
 a backend error (a peer's socket closed, a timeout from the group's
@@ -93,36 +96,62 @@ class ProcessGroupCollective(LocalCollective):
 
     def call(self, what, issue):
         """Run ``issue()`` (a torch.distributed call), wait for its work handle, map errors."""
+        return self.start(what, issue)()
+
+    def start(self, what, issue):
+        """Run ``issue()`` now; return the function that waits for its work handle (errors
+        of either become ``DistributedError``)."""
         try:
             work = issue()
-            if work is not None:
-                done = work.wait() if self.timeout is None else work.wait(self.timeout)
-                if done is False:
-                    raise TimeoutError(f"not done after {self.timeout.total_seconds():g}s")
-            return work
         except SSAExecError:
             raise
         except Exception as e:
-            raise DistributedError(
-                f"{self.where}: {what} failed ({type(e).__name__}: {_first_line(e)}). A peer "
-                "process probably died, raised or timed out (see its log); the process group "
-                "is unusable now, restart every process") from e
+            raise self._failure(what, e) from e
+
+        def wait():
+            if work is None:
+                return None
+            try:
+                done = work.wait() if self.timeout is None else work.wait(self.timeout)
+                if done is False:
+                    raise TimeoutError(f"not done after {self.timeout.total_seconds():g}s")
+            except SSAExecError:
+                raise
+            except Exception as e:
+                raise self._failure(what, e) from e
+            return work
+        return wait
+
+    def _failure(self, what, e):
+        return DistributedError(
+            f"{self.where}: {what} failed ({type(e).__name__}: {_first_line(e)}). A peer "
+            "process probably died, raised or timed out (see its log); the process group "
+            "is unusable now, restart every process")
 
     # --- gradient collectives -------------------------------------------------------------
     def all_reduce(self, tensors, average=False, label=None):
         """Sum over places and processes; every tensor gets the result (in place)."""
+        self.all_reduce_start(tensors, average, label)()
+        return tensors
+
+    def all_reduce_start(self, tensors, average=False, label=None):
+        """Sum the places into the first tensor and start the cross-process all-reduce;
+        return the function that waits for it and copies the result to every place."""
         acc = tensors[0]
         dev = acc.device
         for t in tensors[1:]:
             acc.add_(t if t.device == dev else t.to(dev))
-        self.call(label or f"all_reduce of a {list(acc.shape)} tensor",
-                   lambda: dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=self.group,
-                                           async_op=True))
-        if average:
-            acc.div_(len(tensors) * self.world_size)
-        for t in tensors[1:]:
-            t.copy_(acc)
-        return tensors
+        wait = self.start(label or f"all_reduce of a {list(acc.shape)} tensor",
+                          lambda: dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=self.group,
+                                                  async_op=True))
+
+        def finish():
+            wait()
+            if average:
+                acc.div_(len(tensors) * self.world_size)
+            for t in tensors[1:]:
+                t.copy_(acc)
+        return finish
 
     def reduce(self, tensors, root, average=False, label=None):
         raise DistributedError("the 'reduce' strategy runs in one process only; use "

@@ -29,8 +29,8 @@ import torch
 
 from ..errors import OpError, SSAExecError
 from ..dtypes import torch_dtype
-from ..graph.ssa import (AllReduceOpHandle, CollectiveOpHandle, ComputationOpHandle,
-                         FetchOpHandle, ScaleLossGradOpHandle)
+from ..graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, CollectiveOpHandle,
+                         ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 from .op_call import OpCall
 from .scheduler import DependencyPlan
 
@@ -52,6 +52,7 @@ class GraphRunner:
             self.streams = StreamSync(graph, contexts, sync)
         self.plan = DependencyPlan.from_graph(graph)
         self.fetched = {}
+        self.pending = {}  # started asynchronous all-reduces: id -> function completing it
         self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
         self.inline = False  # run in the caller's thread only (see ParallelExecutor)
         self._lock = threading.Lock()
@@ -148,16 +149,30 @@ class GraphRunner:
     def _collective_fn(self, op):
         everyone = list(range(len(self.graph.places)))
         coll = self.collective
-        fused = isinstance(op, AllReduceOpHandle) and len(op.var_names) > 1
+        is_all_reduce = isinstance(op, AllReduceOpHandle)
+        fused = is_all_reduce and len(op.var_names) > 1
+        split = is_all_reduce and op.wait is not None
         label = op.name
 
         def run():
             try:
                 if fused:
-                    self._fused_all_reduce(op, everyone)
+                    finish = self._fused_all_reduce(op, everyone)
+                elif is_all_reduce:
+                    parts = [op.apply_start(coll, self._tensors(name, everyone, op), label)
+                             for name in op.var_names]
+
+                    def finish():
+                        for f in parts:
+                            f()
+                else:
+                    for name in op.var_names:
+                        op.apply(coll, self._tensors(name, everyone, op), label)
                     return
-                for name in op.var_names:
-                    op.apply(coll, self._tensors(name, everyone, op), label)
+                if split:
+                    self.pending[op.id] = finish  # AllReduceWaitOpHandle completes it
+                else:
+                    finish()
             except SSAExecError:
                 raise  # DistributedError too: a peer's failure must surface as itself
             except Exception as e:
@@ -165,11 +180,27 @@ class GraphRunner:
                               op.kind) from e
         return run
 
+    def _wait_fn(self, op):
+        def run():
+            finish = self.pending.pop(op.start.id, None)
+            if finish is None:
+                raise SSAExecError(f"{op.name}: its all-reduce was not started")
+            finish()
+        return run
+
     def _fused_all_reduce(self, op, everyone):
         # one flat buffer per place, one collective, then copy the slices back
         per_name = [self._tensors(name, everyone, op) for name in op.var_names]
         flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
-        op.apply(self.collective, flats, op.name)
+        started = op.apply_start(self.collective, flats, op.name)
+
+        def finish():
+            started()
+            self._unflatten(per_name, flats, everyone)
+        return finish
+
+    @staticmethod
+    def _unflatten(per_name, flats, everyone):
         for pi in everyone:
             offset = 0
             for ts in per_name:
@@ -239,3 +270,4 @@ handle_fn.register(ComputationOpHandle, lambda op, runner: runner._compute_fn(op
 handle_fn.register(ScaleLossGradOpHandle, lambda op, runner: runner._scale_loss_grad_fn(op))
 handle_fn.register(FetchOpHandle, lambda op, runner: runner._fetch_fn(op))
 handle_fn.register(CollectiveOpHandle, lambda op, runner: runner._collective_fn(op))
+handle_fn.register(AllReduceWaitOpHandle, lambda op, runner: runner._wait_fn(op))
