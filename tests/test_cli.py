@@ -671,3 +671,38 @@ def test_long_edges_are_cut_on_big_graphs():
     assert max(lv[v]["level"] - lv[u]["level"] for u, v in whole.edges) > SPLIT_SPAN
     small = drawn_graph(graph_of("seed_mlp.json"))
     assert not any(d["kind"] in ("ref", "after") for _, d in small.nodes(data=True))
+
+
+def test_run_saves_and_resumes_a_checkpoint_with_the_training_strategies(cli, tmp_path):
+    ckpt = tmp_path / "run.safetensors"
+    first = cli(["run", example("mnist_mlp.json"), "--places", PLACES, "--steps", 4,
+                 "--batch", 8, "--amp", "bf16", "--accumulate", 2, "--save", str(ckpt),
+                 "--no-progress"])
+    assert first.status == 0, first
+    losses = losses_of(first.out)
+    assert losses[0] == losses[1] and losses[2] < losses[1]  # an update every 2nd run
+    assert f"checkpoint: {ckpt}" in first.out and "collective backend: local" in first.out
+    again = cli(["run", example("mnist_mlp.json"), "--places", "cpu:1", "--steps", 2,
+                 "--batch", 8, "--resume", str(ckpt), "--no-progress"])
+    assert again.status == 0, again
+    assert f"parameters: {ckpt} (checkpoint after 4 runs)" in again.out, again
+    assert losses_of(again.out)[0] < losses[0]  # it starts from the trained values
+    missing = cli(["run", example("mnist_mlp.json"), "--steps", 1, "--resume",
+                   str(tmp_path / "none.safetensors")])
+    assert missing.status != 0 and "no such checkpoint" in missing.err, missing
+
+
+def test_stats_says_whether_the_step_can_be_captured_as_a_cuda_graph(cli, tmp_path):
+    res = cli(["stats", example("mnist_mlp.json"), "--places", "2"])
+    assert res.status == 0 and "cuda graph: the step can be captured" in res.out, res
+    import ssaexec as se
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        h = se.layers.dropout(se.layers.fc(se.layers.data("x", [-1, 4]), 4), 0.5)
+        se.optimizer.SGD(0.1).minimize(se.layers.mean(h))
+    path = tmp_path / "drop.json"
+    se.save_program(main, str(path))
+    res = cli(["stats", str(path), "--format", "json"])
+    assert res.status == 0, res
+    cg = json.loads(res.out)["cuda_graph"]
+    assert not cg["capturable"] and "dropout" in cg["why_not"]

@@ -167,9 +167,10 @@ def places_from(spec, need_devices):
     return out
 
 
-def build_strategy(args):
+def build_strategy(args, **more):
+    """The ``BuildStrategy`` of the graph options (plus ``more`` of a running command)."""
     return BuildStrategy(reduce_strategy=args.reduce_strategy,
-                         gradient_scale_strategy=args.gradient_scale)
+                         gradient_scale_strategy=args.gradient_scale, **more)
 
 
 def graph_of(args):

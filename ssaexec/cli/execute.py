@@ -61,6 +61,17 @@ def execution_options(parser, steps_default):
                    help="all_reduce or reduce + broadcast (default: %(default)s)")
     g.add_argument("--gradient-scale", choices=("coeff_num_device", "one", "customized"),
                    default="coeff_num_device", help="seed of loss@GRAD (default: %(default)s)")
+    g.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="mixed precision (docs/strategies.md); works on CPU places too")
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="capture the step as a CUDA graph after 2 warm-up steps (CUDA places "
+                        "on one GPU)")
+    g.add_argument("--accumulate", type=positive, default=1, metavar="K",
+                   help="gradient accumulation: update every K steps (default: 1)")
+    g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
+                   help="compress gradients to this type for the all-reduce")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2), default=0,
+                   help="ZeRO stage: shard optimizer state over the places (default: 0)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -129,12 +140,25 @@ def setup(args):
     if batch < len(places):
         raise FeedError(f"batch {batch} is smaller than the {len(places)} places: every place "
                         "needs at least one sample (raise --batch)")
+    strategy = build_strategy(args, gradient_accumulation_steps=args.accumulate,
+                              allreduce_dtype=args.allreduce_dtype, zero_stage=args.zero)
     pe = ParallelExecutor(places=places, main_program=main, startup_program=startup,
-                          loss_name=loss, build_strategy=build_strategy(args),
-                          exec_strategy=ExecutionStrategy(num_threads=args.threads),
+                          loss_name=loss, build_strategy=strategy,
+                          exec_strategy=ExecutionStrategy(num_threads=args.threads,
+                                                          amp=args.amp,
+                                                          cuda_graph=args.cuda_graph),
                           scope=Scope())
+    resume = getattr(args, "resume", None)
+    if resume:
+        from ..checkpoint import load_checkpoint
+        try:
+            load_checkpoint(resume, pe)
+        except BaseException:
+            pe.close()
+            raise
+        init_note = f"{resume} (checkpoint after {pe.runs} runs)"
     notes = {"places": ", ".join(str(p) for p in places), "threads": pe.num_threads,
-             "init": init_note, "feed": feed_note}
+             "init": init_note, "feed": feed_note, "collective": pe.collective_backend}
     return Setup(pe, main, loss, feed_of, batch, notes)
 
 
@@ -145,6 +169,7 @@ def print_header(args, s):
           f"{args.steps} steps | loss {s.loss}")
     print(f"  parameters: {s.notes['init']}")
     print(f"  feed: {s.notes['feed']}")
+    print(f"  {s.notes['collective']}")
     sys.stdout.flush()
 
 

@@ -23,6 +23,8 @@ examples:
   ssaexec run examples/mnist_mlp.json --places cpu:2 --steps 20
   ssaexec run examples/small_resnet.json --places cuda:0,1 --batch 128 --steps 50
   ssaexec run examples/uci_housing.json --feed housing.npz --batch 32 --steps 100
+  ssaexec run examples/mnist_mlp.json --steps 5 --save run.safetensors
+  ssaexec run examples/mnist_mlp.json --steps 5 --resume run.safetensors --amp bf16
 """
 
 
@@ -31,6 +33,10 @@ def register(add):
     p = add("run", "train a program on synthetic (or file) feeds", EPILOG)
     p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
     execution_options(p, steps_default=10)
+    p.add_argument("--save", metavar="PATH", default=None,
+                   help="write a checkpoint (safetensors) after the last step")
+    p.add_argument("--resume", metavar="PATH", default=None,
+                   help="start from a checkpoint written by --save (or se.save_checkpoint)")
     p.set_defaults(func=cmd_run)
 
 
@@ -49,10 +55,15 @@ def cmd_run(args):
             losses.append(v)
             print_step(bar, k + 1, args.steps, v, dt,
                        status=f"loss {v:.4f}  {s.batch / dt:,.0f} img/s")
+        if args.save:
+            from ..checkpoint import save_checkpoint
+            save_checkpoint(args.save, s.pe)
     finally:
         bar.close()
         s.pe.close()
     rate, total, which = throughput(times, s.batch)
     change = f"; loss {losses[0]:.6f} -> {losses[-1]:.6f}" if len(losses) > 1 else ""
     print(f"throughput: {rate:,.1f} images/sec ({which}, {total:.3f} s, batch {s.batch}){change}")
+    if args.save:
+        print(f"checkpoint: {args.save}")
     return EXIT_OK

@@ -38,8 +38,14 @@ def register(add):
 def cmd_stats(args):
     from ..graph.analysis import format_stats, graph_stats
     from ..runtime.compiled import compile_summary
+    from ..runtime.cuda_graph import capture_problem
+    from ..runtime.nccl import choose_local_collective
     graph = graph_of(args)
     stats = graph_stats(graph)
+    problem = capture_problem(graph)
+    stats["cuda_graph"] = {"capturable": problem is None, "why_not": None if problem is None
+                           else f"op #{problem[0].op_index} '{problem[0].op_type}': {problem[1]}"}
+    stats["collective_backend"] = choose_local_collective(graph.places)[2]
     stats["compiled"] = compile_summary(graph)  # last: it adds the alias edges
     if args.format == "json":
         import json
@@ -47,4 +53,10 @@ def cmd_stats(args):
         sys.stdout.write(json.dumps(stats, indent=1) + "\n")
     else:
         sys.stdout.write(format_stats(stats, args.program))
+        cg = stats["cuda_graph"]
+        sys.stdout.write("cuda graph: " + ("the step can be captured "
+                                           "(ExecutionStrategy(cuda_graph=True))"
+                                           if cg["capturable"] else
+                                           f"not capturable: {cg['why_not']}") + "\n")
+        sys.stdout.write(stats["collective_backend"] + "\n")
     return EXIT_OK
