@@ -45,12 +45,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
 
-# Graphviz renders `ssaexec viz` pictures; without it viz falls back to matplotlib.
+# Graphviz renders `ssaexec viz` pictures; without it viz falls back to matplotlib and the
+# tests that need `dot` are skipped. `make test` installs Debian's package when it can
+# (root with apt-get) and says so; NO_APT=1 only prints the hint.
+NO_APT ?=
 graphviz:
-	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	@command -v dot >/dev/null 2>&1 || { [ -z "$(NO_APT)" ] && [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null 2>&1 && \
+		echo "installing Graphviz for ssaexec viz and its tests (apt-get install graphviz; NO_APT=1 skips)" && \
 		(apt-get install -y -qq graphviz >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1)) ; } || \
-		echo "note: Graphviz 'dot' not installed; ssaexec viz will use its matplotlib fallback"
+		echo "hint: Graphviz 'dot' is not installed (apt-get install graphviz): ssaexec viz uses its matplotlib fallback and the tests that need dot are skipped"
 
 demo: $(STAMP)
 	$(BIN)/python -m ssaexec.demo
