@@ -49,13 +49,20 @@ def find_startup(program_path):
 
 
 def _readers(program):
-    """name -> [(op, slot)] for every input slot of block 0 that reads it."""
+    """name -> [(op, slot)] for every input slot of block 0 that reads it (for an imported
+    ATen op, the slot is the schema argument that names the input: ``weight``,
+    ``running_var`` ...)."""
     out = {}
     for op in program.global_block().ops:
+        args = {v: k for k, v in op.attrs.items() if isinstance(v, str) and v.startswith("X[")}
         for slot, names in op.inputs.items():
-            for n in names:
-                out.setdefault(n, []).append((op, slot))
+            for k, n in enumerate(names):
+                out.setdefault(n, []).append((op, args.get(f"X[{k}]", slot)))
     return out
+
+
+# norm layers whose scale and running variance start at one
+_NORMS = ("batch_norm", "layer_norm", "group_norm", "instance_norm")
 
 
 def _initializer(var, readers, learning_rate):
@@ -66,7 +73,8 @@ def _initializer(var, readers, learning_rate):
         if slot in ("Beta1Pow", "Beta2Pow"):
             key = "beta1" if slot == "Beta1Pow" else "beta2"
             return Constant(op.attrs.get(key, 0.9 if key == "beta1" else 0.999))
-        if op.type == "batch_norm" and slot in ("Scale", "Variance"):
+        if any(norm in op.type for norm in _NORMS) and \
+                slot in ("Scale", "Variance", "weight", "running_var"):
             return Constant(1.0)
     return Xavier() if var.is_parameter and len(var.shape) >= 2 else Constant(0.0)
 
@@ -79,7 +87,8 @@ def default_startup(main, startup=None, learning_rate=0.01):
 
     * read as ``LearningRate`` by an op: the constant ``learning_rate``;
     * read as ``Beta1Pow``/``Beta2Pow`` (Adam): that op's ``beta1``/``beta2``;
-    * read as ``Scale`` or ``Variance`` by ``batch_norm``: ones;
+    * the scale or running variance of a norm layer (``batch_norm``/``layer_norm``
+      ``Scale``/``Variance``, an imported ATen norm's ``weight``/``running_var``): ones;
     * a parameter with two or more dims: Xavier uniform (fan-in/out as in
       ``se.initializer.Xavier``: [in, out] for fc weights, OIHW for conv);
     * anything else (biases, momenta, running means): zeros.
