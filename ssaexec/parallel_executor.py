@@ -35,6 +35,10 @@ Threads. CPU places share the host's cores, so while several CPU places run,
 torch's intra-op threads are set to ``cores // places`` (at least 1; override
 with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
 multi-process run the cores are divided among the machine's processes too.
+
+Size: the executor's public surface (set-up, strategies' programs, variables, running,
+observing) is one class (over 500 lines); the policies it applies live in ``feed``,
+``program.amp``/``accumulate``, ``runtime.*`` and ``checkpoint``.
 """
 
 import contextlib

@@ -24,6 +24,9 @@ seconds, the fallback draws.
 others are copies), ``sections`` keeps parts of the training step
 (``forward``, ``backward``, ``optimize``, ``comm``, ``fetch``) and
 ``pattern`` keeps ops whose name, op type or var names match a regex.
+
+Size: both drawing engines share one layout (``drawn_graph``); kept together (over 500
+lines).
 """
 
 import itertools

@@ -25,6 +25,8 @@ dispatched on the class (``functools.singledispatch``). Adding a kind is one cla
 
 The graph is data only: the runtime decides how each kind runs. ``lint()`` checks
 the invariants the builder promises; tests call it on every graph they build.
+
+Size: the handle classes and the graph they form are one concept (over 500 lines).
 """
 
 from ..dtypes import torch_dtype

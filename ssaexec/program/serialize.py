@@ -31,6 +31,8 @@ Policy and invariants:
   surrogates are errors with their position; so are declared shapes above
   ``max_tensor_elements`` and ops the operator policy refuses
   (``ssaexec.ops.policy``), before anything else looks at the program.
+
+Size: the JSON form's writer and its checking reader belong together (over 500 lines).
 """
 
 import json

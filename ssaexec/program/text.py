@@ -44,6 +44,8 @@ digits, repeated keys (slots, attributes, name counts) and strings holding
 unpaired surrogates are errors at their line and column; so are declared
 shapes above ``max_tensor_elements`` and ops the operator policy refuses
 (``ssaexec.ops.policy``).
+
+Size: one grammar, its printer and its parser belong together (over 500 lines).
 """
 
 import json
