@@ -145,7 +145,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default="out/bench/scheduler_overhead.json")
     args = ap.parse_args(argv)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from ssaexec.place import available_cores
+    cores = available_cores()
     machine = {"cpu": cpu_model(), "cores": cores, "python": platform.python_version(),
                "loadavg_start": list(os.getloadavg())}
     print(f"scheduler overhead: {args.ops} no-op ops, median of {args.repeats} runs; "
