@@ -1,0 +1,188 @@
+"""``from_paddle``: run Paddle's legacy programs (``.pdmodel``, serialized ProgramDescs).
+
+    model = se.from_paddle("model.pdmodel", params="model.pdiparams")
+    exe = se.Executor(se.CPUPlace())
+    exe.run(model.startup)
+    out, = exe.run(model.main, feed={model.feed[0]: x}, fetch_list=model.fetch)
+
+Five modules, one step each:
+
+* ``schema``: the message classes of our ``framework.proto`` (the fields we read
+  of Paddle's format), made by the ``protobuf`` package at first use;
+* ``reader``: bytes -> ``PaddleProgram`` (blocks, vars, ops, decoded attributes),
+  every malformed input a ``ProgramError`` with its position (``wire`` finds the
+  byte where a message stops being protobuf);
+* ``ops``: the table of Paddle op types and how each becomes ssaexec ops,
+  forward, gradient and optimizer ops alike;
+* ``convert``: ``PaddleProgram`` -> ssaexec ``Program`` through the ``BlockDesc``
+  API, with the feed vars, fetch targets and loss the file implies;
+* ``params``: Paddle's parameter files (``.pdiparams`` and per-var directories),
+  read into tensors and written back in the same format.
+
+Policy: Paddle files are untrusted data (docs/security.md). Reading one parses it
+and nothing else: no code from the file runs, no file but the ones named is
+opened (a parameter directory is only read at ``DIR/<var name>`` for plain var
+names), sizes are bounded by ``ssaexec.limits`` before anything is allocated, and
+the converted program goes through ``validate()`` and so the operator policy.
+``protobuf`` is an optional dependency (``pip install 'ssaexec[paddle]'``); it is
+imported when the first Paddle file is read.
+"""
+
+import collections
+from pathlib import Path
+
+from ...errors import ProgramError
+from ...ops.aten import encode_bytes
+from ...program.desc import Program
+from .convert import Converted, convert_program, unsupported_ops
+from .ops import MAPPINGS, mapping_table
+from .params import load_params, save_params
+from .reader import PaddleProgram, decode_program
+
+__all__ = ["from_paddle", "PaddleModel", "read_program", "load_paddle_program", "load_params",
+           "save_params", "persistable_names", "decode_program", "convert_program",
+           "unsupported_ops", "mapping_table", "MAPPINGS", "SUFFIXES", "is_paddle_file"]
+
+PaddleModel = collections.namedtuple("PaddleModel", ["main", "startup", "feed", "fetch"])
+PaddleModel.__doc__ = """What ``from_paddle`` returns.
+
+main : Program
+    The converted program.
+startup : Program
+    Initialises every persistable var of ``main``.
+feed : list of str
+    The data vars to feed.
+fetch : list of str
+    An inference model's fetch targets, or ``[loss]`` of a training program.
+"""
+
+# Suffixes of Paddle program files; ``__model__`` (no suffix) is the old inference name.
+SUFFIXES = (".pdmodel", ".pdprog", ".pb", ".pdmodel.pb")
+
+
+def is_paddle_file(path):
+    """True when ``path`` names a Paddle program file by its suffix (or ``__model__``)."""
+    p = Path(path)
+    return p.suffix.lower() in SUFFIXES or p.name == "__model__"
+
+
+def _bytes_of(value, what):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), f"<{what} bytes>"
+    path = Path(value)
+    try:
+        return path.read_bytes(), str(path)
+    except FileNotFoundError:
+        raise ProgramError(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise ProgramError(f"{path}: is a directory, not a {what} file") from None
+    except OSError as e:
+        raise ProgramError(f"{path}: cannot read {what} file: {e.strerror or e}") from None
+
+
+def read_program(program):
+    """Decode a Paddle program from a path or bytes into a ``PaddleProgram``."""
+    data, source = _bytes_of(program, "Paddle program")
+    return decode_program(data, source)
+
+
+def load_paddle_program(path, validate=True):
+    """The ssaexec ``Program`` of a Paddle program file (a loader for the CLI)."""
+    return convert_program(read_program(path), validate=validate).program
+
+
+def persistable_names(program):
+    """The vars of a Paddle program's combined parameter file, in file order."""
+    pp = program if isinstance(program, PaddleProgram) else read_program(program)
+    return pp.persistable_names()
+
+
+def from_paddle(program, params=None, startup=None, *, validate=True):
+    """Import a Paddle program (and its parameters) as ssaexec programs.
+
+    Parameters
+    ----------
+    program : str, os.PathLike or bytes
+        A ``.pdmodel`` / ``__model__`` file or ``program.desc.serialize_to_string()``.
+    params : str, os.PathLike or bytes, optional
+        A combined parameter file (``.pdiparams``, or its bytes) or a directory of
+        per-var files (``save_persistables``). Its values initialise the vars it holds.
+    startup : str, os.PathLike or bytes, optional
+        Paddle's startup program, converted to initialise the persistables that
+        ``params`` does not hold (its random initialisers draw from ssaexec's
+        generator, so their values differ from Paddle's).
+    validate : bool
+        Validate both programs before returning.
+
+    Returns
+    -------
+    PaddleModel
+        ``(main, startup, feed, fetch)``.
+
+    Raises
+    ------
+    ProgramError
+        For malformed files (with the byte or block/op position), unsupported ops
+        (all of them, with counts), parameter files that do not fit the program, and
+        persistable vars that nothing initialises.
+    """
+    pp = read_program(program)
+    conv = convert_program(pp, validate=validate)
+    main = conv.program
+    block = main.global_block()
+    values = {}
+    if params is not None:
+        source = "<params bytes>" if isinstance(params, (bytes, bytearray, memoryview)) else None
+        loaded = load_params(params, pp.persistable_names(), source)
+        values = _check_values(loaded, block, params)
+    if startup is not None:
+        start = convert_program(read_program(startup), validate=False).program
+        sblock = start.global_block()
+        for op in list(sblock.ops):
+            outs = op.output_names()
+            if outs and all(n in values for n in outs):
+                sblock.remove_op(op)
+    else:
+        start = Program()
+        sblock = start.global_block()
+    for name, var in block.vars.items():
+        if name not in values:
+            continue
+        if not sblock.has_var(name):
+            sblock.create_var(name, var.shape, var.dtype, persistable=True,
+                              is_parameter=var.is_parameter, stop_gradient=var.stop_gradient)
+        tensor = values[name]
+        sblock.append_op("assign_bytes", {}, {"Out": [name]},
+                         {"shape": list(tensor.shape), "dtype": var.dtype,
+                          "data": encode_bytes(tensor)})
+    written = {n for op in sblock.ops for n in op.output_names()}
+    missing = [n for n, v in block.vars.items() if v.persistable and n not in written]
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ProgramError(f"{pp.source}: nothing initialises {len(missing)} persistable vars "
+                           f"({shown}); pass params= (a .pdiparams file or a directory) or "
+                           "startup= (Paddle's startup program)")
+    if validate:
+        start.validate()
+    return PaddleModel(main, start, conv.feed, conv.fetch)
+
+
+def _check_values(loaded, block, params):
+    out = {}
+    for name, tensor in loaded.items():
+        var = block.find_var(name)
+        if var is None:
+            continue  # a persistable of a sub-block or a non-tensor var: nothing reads it here
+        dtype = str(tensor.dtype).replace("torch.", "")
+        if dtype != var.dtype:
+            raise ProgramError(f"{params}: var {name!r} is stored as {dtype}, the program "
+                               f"declares {var.dtype}")
+        shape = list(tensor.shape)
+        if var.shape is not None and (len(var.shape) != len(shape) or any(
+                d >= 0 and d != s for d, s in zip(var.shape, shape, strict=True))):
+            if not (var.shape in ([], [1]) and tensor.numel() == 1):
+                raise ProgramError(f"{params}: var {name!r} is stored with shape {shape}, the "
+                                   f"program declares {var.shape}")
+            tensor = tensor.reshape(var.shape)
+        out[name] = tensor
+    return out
