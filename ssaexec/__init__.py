@@ -20,6 +20,7 @@ from .parallel_executor import ParallelExecutor
 from .data import DataLoader
 from .checkpoint import load_checkpoint, save_checkpoint
 from .frontends.torch import from_torch, from_torch_eval, write_back
+from .frontends.paddle import from_paddle
 from . import distributed
 
 __version__ = "0.1.0"
@@ -32,7 +33,7 @@ __all__ = [
     "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
-    "DataLoader", "distributed", "from_torch", "from_torch_eval", "write_back",
+    "DataLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
     "save_checkpoint", "load_checkpoint",
 ]
 
