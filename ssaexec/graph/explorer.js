@@ -472,22 +472,20 @@
     return t;
   }
   function varTable(list, isInput) {
+    // one row per var: the slot, then the version (a link to the var), its place, shape
+    // and dtype, and who wrote it (inputs) or reads it (outputs)
     const t = el("table");
-    t.append(el("tr", null, el("td", { cls: "k", text: "slot" }), el("td", { cls: "k", text: "var" }),
-      el("td", { cls: "k", text: "place" }), el("td", { cls: "k", text: "shape / dtype" }),
-      el("td", { cls: "k", text: isInput ? "written by" : "read by" })));
     for (const [slot, vi] of list) {
       const v = D.vars[vi], name = D.names[v[0]][0];
-      let who;
-      if (isInput) who = v[3] >= 0 ? opLink(v[3], "#" + v[3]) : el("span", { cls: "muted", text: "before the run" });
+      const who = el("span", { cls: "muted", text: isInput ? " · written by " : " · read by " });
+      if (isInput) who.append(v[3] >= 0 ? opLink(v[3], "#" + v[3] + " " + shortLabel[v[3]]) : "nobody (before the run)");
       else {
-        who = el("span");
-        v[4].forEach((r, k) => { if (k) who.append(" "); who.append(opLink(r, "#" + r)); });
-        if (!v[4].length) who.append(el("span", { cls: "muted", text: "nobody" }));
+        v[4].forEach((r, k) => { if (k) who.append(", "); who.append(opLink(r, "#" + r + " " + shortLabel[r])); });
+        if (!v[4].length) who.append("nobody");
       }
-      t.append(el("tr", null, el("td", { cls: "k", text: slot }),
-        el("td", null, varLink(name, name + "@v" + v[2])), el("td", { text: placeName(v[1]) }),
-        el("td", { text: shapeText(v[0]) }), el("td", null, who)));
+      t.append(el("tr", null, el("td", { cls: "k", text: slot || "·" }),
+        el("td", null, el("div", null, varLink(name, name + "@v" + v[2])),
+          el("div", { cls: "muted", text: placeName(v[1]) + " · " + shapeText(v[0]) }, who))));
     }
     return t;
   }
