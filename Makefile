@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast bench fuzz install graphviz clean
+.PHONY: demo test test-fast bench fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -57,10 +57,18 @@ graphviz:
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1)) ; } || \
 		echo "hint: Graphviz 'dot' is not installed (apt-get install graphviz): ssaexec viz uses its matplotlib fallback and the tests that need dot are skipped"
 
+# Headless Chromium (Debian's package) runs the explorer page's browser tests
+# (tests/test_explorer.py); without it they skip with a hint.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)) ; } || \
+		echo "hint: headless Chromium is not installed (apt-get install chromium): the explorer's browser tests (tests/test_explorer.py) are skipped"
+
 demo: $(STAMP)
 	$(BIN)/python -m ssaexec.demo
 
-test: $(STAMP) graphviz
+test: $(STAMP) graphviz chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # everything but the tests marked slow (real processes, benchmarks, big models): < 1 min
