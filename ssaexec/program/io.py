@@ -3,7 +3,9 @@
 The file suffix picks the form: ``.json`` is the JSON form
 (``ssaexec.program.serialize``), ``.txt``, ``.prog`` and ``.ssa`` the text form
 (``ssaexec.program.text``); any other suffix is a ``ProgramError``. Files are
-UTF-8. Loading only parses: it never imports, unpickles or evaluates anything
+UTF-8. Other formats are read-only and registered by the frontend that reads them
+(``register_reader``: Paddle's ``.pdmodel``), so this layer imports no frontend.
+Loading only parses: it never imports, unpickles or evaluates anything
 from the file, and the readers bound their work and apply the operator policy
 (docs/security.md), so a program file from anywhere is safe to open: anything
 wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
@@ -15,7 +17,7 @@ from ..errors import ProgramError
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 
-__all__ = ["save_program", "load_program", "FORMATS"]
+__all__ = ["save_program", "load_program", "FORMATS", "READERS", "register_reader"]
 
 # suffix -> (writer, reader)
 FORMATS = {
@@ -26,8 +28,26 @@ FORMATS = {
 }
 
 
+# suffix -> reader(data: bytes, source: str) -> ProgramDesc, for read-only formats
+READERS = {}
+
+
+def register_reader(suffix, reader):
+    """Have ``load_program`` read files ending in ``suffix`` with ``reader(data, source)``.
+
+    For read-only formats of other frameworks; the frontend that reads them registers
+    itself (``ssaexec.frontends.paddle``). ``reader`` gets the file's bytes and its path,
+    returns a ``ProgramDesc`` and raises ``ProgramError`` for bad input.
+    """
+    READERS[suffix.lower()] = reader
+    return reader
+
+
 def _format(path):
     fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None and Path(path).suffix.lower() in READERS:
+        raise ProgramError(f"{path}: {Path(path).suffix!r} files are read-only here; write "
+                           f"one of {', '.join(FORMATS)}")
     if fmt is None:
         raise ProgramError(f"{path}: unknown program file suffix {Path(path).suffix!r}; "
                            f"use one of {', '.join(FORMATS)}")
@@ -76,7 +96,8 @@ def load_program(path, validate=False):
         When the file is missing or unreadable, has an unknown suffix, does not
         parse (the message gives ``PATH:LINE:COL``) or, with ``validate``, is invalid.
     """
-    _, reader = _format(path)
+    binary = READERS.get(Path(path).suffix.lower())
+    _, reader = (None, None) if binary is not None else _format(path)
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -84,6 +105,11 @@ def load_program(path, validate=False):
         raise ProgramError(f"{path}: no such program file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read program file: {e.strerror or e}") from None
+    if binary is not None:
+        program = binary(data, str(path))
+        if validate:
+            program.validate()
+        return program
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
