@@ -206,3 +206,44 @@ def test_browser_resnet50_from_torch_on_8_places_opens_collapsed(tmp_path):
     assert r["ops"] == len(g.ops) > 4000 and r["opened_collapsed"]
     print(f"\nResNet-50 on 8 places: {len(g.ops)} op handles, page {size / 1e6:.1f} MB, "
           f"interactive after {r['ready_ms']:.0f} ms in headless Chromium")
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def test_cli_viz_html_trace_html_and_model_explorer(tmp_path, capsys):
+    from ssaexec.cli import main
+    page = tmp_path / "graph.html"
+    assert main(["viz", str(EXAMPLES / "small_resnet.json"), "-p", "8", "-o", str(page)]) == 0
+    assert "explorer page" in capsys.readouterr().out
+    data = re.search(r'id="explorer-data">(.*?)</script>', page.read_text(), re.S).group(1)
+    assert json.loads(data)["meta"]["places"] == [f"cpu:{i}" for i in range(8)]
+    # trace --html writes the page beside the trace; viz --trace reads a trace back
+    trace = tmp_path / "t.json"
+    assert main(["trace", str(EXAMPLES / "seed_mlp.json"), "-o", str(trace), "--places",
+                 "cpu:2", "--steps", "1", "--warmup", "0", "--no-progress", "--html"]) == 0
+    doc = re.search(r'id="explorer-data">(.*?)</script>', (tmp_path / "t.html").read_text(),
+                    re.S).group(1)
+    assert json.loads(doc)["trace"]["critical"]
+    assert main(["viz", str(EXAMPLES / "seed_mlp.json"), "-p", "cpu:2", "-o",
+                 str(tmp_path / "v.html"), "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    # refusals: a trace of another graph, --trace with a picture, selections, same file
+    assert main(["viz", str(EXAMPLES / "seed_mlp.json"), "-p", "cpu:4", "-o",
+                 str(tmp_path / "w.html"), "--trace", str(trace)]) == 2
+    assert main(["viz", str(EXAMPLES / "seed_mlp.json"), "-o", str(tmp_path / "w.svg"),
+                 "--trace", str(trace)]) == 2
+    assert main(["viz", str(EXAMPLES / "seed_mlp.json"), "-o", str(tmp_path / "w.html"),
+                 "--collapse"]) == 2
+    assert main(["trace", str(EXAMPLES / "seed_mlp.json"), "-o", str(trace), "--html",
+                 str(trace), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "another program" in err and "--trace needs" in err and "whole graph" in err
+    me_out = tmp_path / "me.json"
+    code = main(["viz", str(EXAMPLES / "seed_mlp.json"), "-o", str(me_out), "--format",
+                 "model-explorer", "--trace", str(trace), "-p", "cpu:2"])
+    try:
+        import model_explorer  # noqa: F401
+    except ImportError:
+        assert code == 2 and "pip install ai-edge-model-explorer" in capsys.readouterr().err
+    else:
+        assert code == 0 and me_out.exists() and (tmp_path / "me.node_data.json").exists()

@@ -3,6 +3,8 @@
 Setup is ``ssaexec.cli.execute``, as for ``run``; the timing is ``ssaexec.trace``
 (through ``ParallelExecutor.observe``, the executor's per-op callback seam).
 Warm-up steps run untraced first, so that the timeline shows steady-state steps.
+``--html`` also writes the explorer page of the traced graph with its timeline
+(``ssaexec.graph.explorer``).
 """
 
 from .common import EXIT_OK, ProgressBar, UsageError
@@ -13,12 +15,15 @@ __all__ = ["register"]
 EPILOG = """\
 Writes a Chrome-trace JSON timeline: one lane per place (plus lanes for the
 collectives, fetches and steps), one row per thread, one slice per op handle
-per step. Open it at https://ui.perfetto.dev or chrome://tracing.
+per step. Open it at https://ui.perfetto.dev or chrome://tracing. --html also
+writes the interactive explorer page of the graph with the trace: handles
+coloured by measured duration, the critical path, a timeline per place and stream.
 
 examples:
   ssaexec trace examples/seed_mlp.json -o trace.json
   ssaexec trace examples/small_resnet.json -o trace.json --places cpu:4 --steps 5
   ssaexec trace examples/small_resnet.json -o trace.json --places cuda:0,1 --cuda-sync
+  ssaexec trace examples/mnist_mlp.json -o trace.json --places cpu:2 --html
 """
 
 
@@ -28,6 +33,9 @@ def register(add):
     p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
     p.add_argument("-o", "--output", metavar="FILE.json", required=True,
                    help="trace file to write")
+    p.add_argument("--html", metavar="FILE.html", nargs="?", const="", default=None,
+                   help="also write the explorer page with this trace (default file: the "
+                        "trace's name with .html)")
     execution_options(p, steps_default=3)
     p.add_argument("--warmup", type=int, default=1,
                    help="untraced steps first (default: %(default)s)")
@@ -41,6 +49,12 @@ def cmd_trace(args):
     from .. import trace
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+    page = None
+    if args.html is not None:
+        from pathlib import Path
+        page = args.html or str(Path(args.output).with_suffix(".html"))
+        if Path(page).resolve() == Path(args.output).resolve():
+            raise UsageError(f"--html {page}: that is the trace file; name another")
     s = setup(args)
     print_header(args, s)
     bar = ProgressBar(args.steps, enabled=not args.no_progress)
@@ -60,4 +74,9 @@ def cmd_trace(args):
     print(f"wrote {args.output}: {len(result.records)} op slices ({len(result.graph.ops)} op "
           f"handles x {args.steps} steps) on {len(result.threads)} threads; open it at "
           "https://ui.perfetto.dev")
+    if page is not None:
+        from ..graph.explorer import write_explorer
+        size = write_explorer(result.graph, page, trace=doc, source=str(args.program))
+        print(f"wrote {page}: explorer page with the trace ({size / 1e6:.1f} MB; open it in a "
+              "browser)")
     return EXIT_OK
