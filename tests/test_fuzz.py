@@ -2,7 +2,8 @@
 
 A hypothesis-driven mutator takes valid programs in both formats (the example
 programs of ``examples/``, a small ATen program with size expressions, and the
-file-writing ``aten.from_file`` program of issue 14) and truncates them, flips,
+file-writing ``aten.from_file`` program of issue 14) and two Paddle programs
+(protobuf, tests/paddle_models.py) and truncates them, flips,
 inserts and deletes bytes, copies spans, grows numbers to thousands of digits,
 nests brackets thousands deep and splices in tokens that matter (denied ATen
 ops, size-expression bombs, surrogates, NaN, huge shapes). Each case, in a
@@ -86,6 +87,12 @@ def _seeds():
                                                             "aten.relu.default")))
     seeds.append((evil_json.replace("aten.relu.default", "aten.from_file.default").encode(),
                   ".json"))
+    try:  # Paddle programs (protobuf): a training program and an inference model
+        import paddle_models
+        seeds += [(paddle_models.mlp("adam").main, ".pdprog"),
+                  (paddle_models.cnn_inference().main, ".pdmodel")]
+    except ImportError:  # no protobuf: no Paddle seeds
+        pass
     return seeds
 
 
