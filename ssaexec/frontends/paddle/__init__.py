@@ -26,6 +26,12 @@ names), sizes are bounded by ``ssaexec.limits`` before anything is allocated, an
 the converted program goes through ``validate()`` and so the operator policy.
 ``protobuf`` is an optional dependency (``pip install 'ssaexec[paddle]'``); it is
 imported when the first Paddle file is read.
+
+Importing this package registers readers with ``ssaexec.program.io.load_program``
+(``register_reader``), so ``se.load_program`` and every CLI command take Paddle
+files: ``.pdmodel``/``.pdprog`` read as the converted program, ``.pdiparams`` as a
+startup program that sets the parameters (its program is the ``.pdmodel`` or
+``.pdprog`` file of the same stem next to it).
 """
 
 import collections
@@ -34,14 +40,16 @@ from pathlib import Path
 from ...errors import ProgramError
 from ...ops.aten import encode_bytes
 from ...program.desc import Program
-from .convert import Converted, convert_program, unsupported_ops
+from ...program.io import register_reader
+from .convert import convert_program, unsupported_ops
 from .ops import MAPPINGS, mapping_table
 from .params import load_params, save_params
 from .reader import PaddleProgram, decode_program
 
-__all__ = ["from_paddle", "PaddleModel", "read_program", "load_paddle_program", "load_params",
+__all__ = ["from_paddle", "PaddleModel", "read_program", "load_params",
            "save_params", "persistable_names", "decode_program", "convert_program",
-           "unsupported_ops", "mapping_table", "MAPPINGS", "SUFFIXES", "is_paddle_file"]
+           "unsupported_ops", "mapping_table", "MAPPINGS", "SUFFIXES", "PARAMS_SUFFIX",
+           "is_paddle_file"]
 
 PaddleModel = collections.namedtuple("PaddleModel", ["main", "startup", "feed", "fetch"])
 PaddleModel.__doc__ = """What ``from_paddle`` returns.
@@ -56,14 +64,14 @@ fetch : list of str
     An inference model's fetch targets, or ``[loss]`` of a training program.
 """
 
-# Suffixes of Paddle program files; ``__model__`` (no suffix) is the old inference name.
-SUFFIXES = (".pdmodel", ".pdprog", ".pb", ".pdmodel.pb")
+# Suffixes of Paddle program files: an inference model, a serialized program
+SUFFIXES = (".pdmodel", ".pdprog")
+PARAMS_SUFFIX = ".pdiparams"
 
 
 def is_paddle_file(path):
-    """True when ``path`` names a Paddle program file by its suffix (or ``__model__``)."""
-    p = Path(path)
-    return p.suffix.lower() in SUFFIXES or p.name == "__model__"
+    """True when ``path`` names a Paddle program or parameter file by its suffix."""
+    return Path(path).suffix.lower() in SUFFIXES + (PARAMS_SUFFIX,)
 
 
 def _bytes_of(value, what):
@@ -86,9 +94,29 @@ def read_program(program):
     return decode_program(data, source)
 
 
-def load_paddle_program(path, validate=True):
-    """The ssaexec ``Program`` of a Paddle program file (a loader for the CLI)."""
-    return convert_program(read_program(path), validate=validate).program
+def _read_main(data, source):
+    """``load_program``'s reader of ``.pdmodel``/``.pdprog`` files: the converted program."""
+    return convert_program(decode_program(data, source)).program
+
+
+def _read_params(data, source):
+    """``load_program``'s reader of ``.pdiparams`` files: a startup program setting them.
+
+    The records carry no names, so the program they belong to is read from the file
+    next to them with the same stem (``model.pdmodel`` or ``model.pdprog``).
+    """
+    path = Path(source)
+    for suffix in SUFFIXES:
+        sibling = path.with_suffix(suffix)
+        if sibling.is_file():
+            return from_paddle(sibling, params=path).startup  # errors name the file
+    raise ProgramError(f"{source}: a parameter file is read with its program, "
+                       f"{path.with_suffix(SUFFIXES[0]).name}, which is not there")
+
+
+for _suffix in SUFFIXES:
+    register_reader(_suffix, _read_main)
+register_reader(PARAMS_SUFFIX, _read_params)
 
 
 def persistable_names(program):

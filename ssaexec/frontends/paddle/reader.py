@@ -141,9 +141,9 @@ class PaddleProgram:
 
 def parse_message(cls_name, data, source, what):
     """Parse ``data`` as message ``cls_name`` of the schema; ``ProgramError`` with the spot."""
+    cls = getattr(messages(), cls_name)  # first: it says how to install protobuf
     from google.protobuf.message import DecodeError
 
-    cls = getattr(messages(), cls_name)
     msg = cls()
     try:
         msg.ParseFromString(bytes(data))

@@ -84,6 +84,8 @@ def _walk(data, pos, end, desc, path, depth, group=None):
 
 
 def _repeated(field):
+    if hasattr(field, "is_repeated"):  # protobuf >= 6 (``label`` is gone in 7)
+        return field.is_repeated
     return field.label == field.LABEL_REPEATED
 
 
