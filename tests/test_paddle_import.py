@@ -539,3 +539,43 @@ def test_live_paddle(tmp_path):
                          text=True, timeout=600, env={**os.environ, "FLAGS_enable_pir_api": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     _check_fixtures().check_all(tmp_path, live=True)
+
+
+def test_clone_for_test_gives_paddles_inference():
+    m = pm.cnn("momentum")
+    model = se.from_paddle(m.main, params=_params_bytes(m))
+    xs, ys = pm.feed_for(m, 8)
+    _, pe = _losses_pe(model, xs, ys, 2, 1)
+    test = model.main.clone(for_test=True)
+    assert [op.type for op in test.global_block().ops] == [
+        "conv2d", "elementwise_add", "batch_norm", "relu", "pool2d", "mul", "elementwise_add",
+        "softmax_with_cross_entropy", "reduce_mean"]
+    with pe, se.ParallelExecutor(se.cpu_places(1), test, share_vars_from=pe) as tpe:
+        before = pe.get_var("batch_norm_0.w_2").clone()
+        logits_name = test.global_block().ops[6].output("Out")[0]
+        out, = tpe.run([logits_name], feed={"img": xs, "label": ys})
+        w = {k: pe.get_var(k) for k in ("conv2d_0.w_0", "conv2d_0.b_0", "batch_norm_0.w_0",
+                                        "batch_norm_0.b_0", "fc_0.w_0", "fc_0.b_0")}
+        stats = (pe.get_var("batch_norm_0.w_1"), before)
+        expect, _ = pm._torch_cnn(w, torch.tensor(xs), stats, training=False)
+        torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pe.get_var("batch_norm_0.w_2"), before)  # not updated
+
+
+def test_clone_for_test_of_downgrade_dropout_scales():
+    b = pm.ProgramBuilder()
+    b.var("x", [-1, 4], need_check_feed=True)
+    b.var("y", [-1, 4])
+    b.var("mask", [-1, 4], dtype=20)
+    b.op("dropout", {"X": ["x"]}, {"Out": ["y"], "Mask": ["mask"]},
+         {"dropout_prob": 0.25, "is_test": False, "fix_seed": True, "seed": 3,
+          "dropout_implementation": "downgrade_in_infer"})
+    main = sp.convert_program(sp.decode_program(b.bytes())).program
+    x = torch.randn(6, 4)
+    exe = se.Executor(se.CPUPlace())
+    y, mask = exe.run(main, feed={"x": x}, fetch_list=["y", "mask"], scope=se.Scope())
+    torch.testing.assert_close(y, x * mask.float())  # no rescaling in training
+    test = main.clone(for_test=True)
+    assert [op.type for op in test.global_block().ops] == ["scale"]
+    y, = exe.run(test, feed={"x": x}, fetch_list=["y"], scope=se.Scope())
+    torch.testing.assert_close(y, x * 0.75)

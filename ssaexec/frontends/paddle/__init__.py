@@ -5,7 +5,7 @@
     exe.run(model.startup)
     out, = exe.run(model.main, feed={model.feed[0]: x}, fetch_list=model.fetch)
 
-Five modules, one step each:
+The modules, one step each:
 
 * ``schema``: the message classes of our ``framework.proto`` (the fields we read
   of Paddle's format), made by the ``protobuf`` package at first use;
@@ -17,7 +17,9 @@ Five modules, one step each:
 * ``convert``: ``PaddleProgram`` -> ssaexec ``Program`` through the ``BlockDesc``
   API, with the feed vars, fetch targets and loss the file implies;
 * ``params``: Paddle's parameter files (``.pdiparams`` and per-var directories),
-  read into tensors and written back in the same format.
+  read into tensors and written back in the same format;
+* ``evalmode``: ``clone(for_test=True)`` of an imported training program undoes
+  the training-only ops the import adds (registered with ``register_test_rewrite``).
 
 Policy: Paddle files are untrusted data (docs/security.md). Reading one parses it
 and nothing else: no code from the file runs, no file but the ones named is
@@ -39,9 +41,10 @@ from pathlib import Path
 
 from ...errors import ProgramError
 from ...ops.aten import encode_bytes
-from ...program.desc import Program
+from ...program.desc import Program, register_test_rewrite
 from ...program.io import register_reader
 from .convert import convert_program, unsupported_ops
+from .evalmode import to_inference
 from .ops import MAPPINGS, mapping_table
 from .params import load_params, save_params
 from .reader import PaddleProgram, decode_program
@@ -114,6 +117,7 @@ def _read_params(data, source):
                        f"{path.with_suffix(SUFFIXES[0]).name}, which is not there")
 
 
+register_test_rewrite(to_inference)
 for _suffix in SUFFIXES:
     register_reader(_suffix, _read_main)
 register_reader(PARAMS_SUFFIX, _read_params)
