@@ -39,7 +39,7 @@ PLACEMENT = {
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
-    "ssaexec.trace": "tools",
+    "ssaexec.trace": "tools", "ssaexec.sim": "tools",
     "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",
     "ssaexec.progress": "tools",
     "ssaexec": "tools",

@@ -1,0 +1,292 @@
+"""A CPU cluster for this machine, measured: host constants and all-reduce sweeps.
+
+``calibrate_cpu`` measures what the engine needs to replay CPU places, each with a
+small program of its own, never the program being predicted:
+
+* ``op_s``: host time of one op on the compiled path: a chain of tiny builder ops
+  (``scale``/``elementwise_add``/``relu`` on a [4, 4] tensor), time per op;
+* ``readable_extra_s``: what the readable per-op path adds (the same chain through
+  ``ParallelExecutor.observe``: an op's timed slice minus the compiled time per op),
+  taken off traced op times;
+* ``gil_fraction``: two threads run the chain side by side; with ``c`` >= 2 cores the
+  pair takes ``max(1, 2f)`` times as long as one, so ``f = ratio / 2`` when the
+  ratio exceeds 1 (below that it cannot be told apart from 0.5 on this machine and
+  hardly matters: the cores bind first; the default is kept);
+* ``hop_s``: the scheduler's hand-off latency: a chain whose every link is queued to
+  another worker (``runtime.scheduler.Scheduler`` with no-op functions);
+* ``step_s``: ``ParallelExecutor.run`` of a one-op program on one place, less the op;
+* ``local_sum``: ``LocalCollective.all_reduce`` over 2 and 4 places for a sweep of
+  sizes, least squares of ``(P-1)·(α + S/B)``.
+
+``gloo_sweep`` (run in every process of a 2-process gloo group) times blocking
+all-reduces for a sweep of sizes; ``fit_line`` turns it into the intra-node
+``Link`` of the CPU cluster: a 2-rank ring costs ``2α + S/B``.
+"""
+
+import os
+import platform
+import statistics
+import threading
+import time
+
+import torch
+
+from .cluster import Cluster, Device, Host, Link
+
+__all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "fit_line", "cpu_cluster",
+           "calibrate_cpu", "cpu_name"]
+
+SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
+
+
+def cpu_name():
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _chain_program(n_ops):
+    from ..program.builder import program_guard
+    from ..program.desc import Program
+    from ..program import layers
+    main, startup = Program(), Program()
+    with program_guard(main, startup):
+        x = layers.data("x", shape=[-1, 4], dtype="float32")
+        y = x
+        for k in range(n_ops):
+            y = (layers.scale(y, 0.5, 0.25) if k % 3 == 0 else
+                 layers.elementwise_add(y, x) if k % 3 == 1 else layers.relu(y))
+        out = layers.mean(y)
+    return main, out.name
+
+
+def _executor(main, out, places=1, **strategy):
+    from ..parallel_executor import ParallelExecutor
+    from ..place import cpu_places
+    from ..runtime.scope import Scope
+    from ..strategy import ExecutionStrategy
+    return ParallelExecutor(places=cpu_places(places), main_program=main, scope=Scope(),
+                            exec_strategy=ExecutionStrategy(**strategy), distributed=False)
+
+
+def _time_runs(pe, out, feed, runs):
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        pe.run(fetch_list=[out], feed=feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _hop_latency(links=300, repeats=5):
+    from ..runtime.scheduler import DependencyPlan, Scheduler
+    # comm chain c_i -> c_{i+1}, compute leaf l_i after c_i: the thread that ran c_i
+    # queues c_{i+1} and runs l_i itself, and l_i holds that thread until c_{i+1} has
+    # started elsewhere; the other worker sleeps in the queue, so every link of the
+    # chain is one wake-up of a sleeping worker
+    producers, comm = [], []
+    for i in range(links):
+        producers.append([2 * (i - 1)] if i else [])
+        comm.append(True)
+        producers.append([2 * i])
+        comm.append(False)
+    plan = DependencyPlan(len(producers), producers, comm)
+    started = []
+
+    def link(i):
+        def c():
+            started[i].set()
+
+        def leaf():
+            if i + 1 < links:
+                started[i + 1].wait(1.0)
+        return c, leaf
+    fns = [f for i in range(links) for f in link(i)]
+    sched = Scheduler(3, name="ssaexec-calibrate")
+    try:
+        per_link = []
+        for k in range(repeats + 1):
+            started[:] = [threading.Event() for _ in range(links)]
+            t0 = time.perf_counter()
+            sched.run(plan, fns)
+            if k:
+                per_link.append((time.perf_counter() - t0) / links)
+    finally:
+        sched.close()
+    return statistics.median(per_link)
+
+
+def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
+    """Measure ``op_s``, ``readable_extra_s``, ``gil_fraction``, ``hop_s``, ``step_s``
+    with one torch thread; returns a dict (see the module docstring)."""
+    from ..trace import OpTimer
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        main, out = _chain_program(n_ops)
+        feed = {"x": torch.randn(4, 4)}
+        pe = _executor(main, out, num_threads=1, torch_threads=1)
+        try:
+            _time_runs(pe, out, feed, 3)
+            chain = _time_runs(pe, out, feed, runs)
+            timer = OpTimer()
+            with pe.observe([out], timer):
+                for _ in range(runs // 2):
+                    pe.run(fetch_list=[out], feed=feed)
+            slices = sorted((t1 - t0) / 1e9 for _, _, _, t0, t1 in timer.records)
+            per_op_readable = statistics.median(slices)
+        finally:
+            pe.close()
+        one, out1 = _chain_program(1)
+        pe1 = _executor(one, out1, num_threads=1, torch_threads=1)
+        try:
+            _time_runs(pe1, out1, feed, 3)
+            tiny = _time_runs(pe1, out1, feed, runs * 5)
+        finally:
+            pe1.close()
+        op_s = (chain - tiny) / (n_ops - 1)
+        step_s = max(0.0, tiny - 2 * op_s)
+        ratio = _two_threads(main, out, feed, runs) if (os.cpu_count() or 1) >= 2 else 0.0
+        gil = min(1.0, ratio / 2) if ratio > 1.05 else default_gil
+        return {"op_s": op_s, "readable_extra_s": max(0.0, per_op_readable - op_s),
+                "gil_fraction": gil, "two_thread_ratio": ratio, "hop_s": _hop_latency(),
+                "step_s": step_s}
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _two_threads(main, out, feed, runs):
+    """Wall time of two threads each running the chain, over one thread's."""
+    pes = [_executor(main, out, num_threads=1, torch_threads=1) for _ in range(2)]
+    try:
+        for pe in pes:
+            _time_runs(pe, out, feed, 3)
+        alone = _time_runs(pes[0], out, feed, runs)
+        ratios = []
+        for _ in range(3):
+            barrier = threading.Barrier(3)
+
+            def work(pe):
+                barrier.wait()
+                for _ in range(runs):
+                    pe.run(fetch_list=[out], feed=feed)
+            ts = [threading.Thread(target=work, args=(pe,)) for pe in pes]
+            for t in ts:
+                t.start()
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in ts:
+                t.join()
+            ratios.append((time.perf_counter() - t0) / runs / alone)
+        return statistics.median(ratios)
+    finally:
+        for pe in pes:
+            pe.close()
+
+
+def local_sum_sweep(sizes=SIZES, places=(2, 4), repeats=15):
+    """``[(places, bytes, seconds)]`` of ``LocalCollective.all_reduce`` (float32)."""
+    from ..runtime.collective import LocalCollective
+    coll = LocalCollective()
+    out = []
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for p in places:
+            for s in sizes:
+                ts = [torch.randn(max(1, s // 4)) for _ in range(p)]
+                coll.all_reduce(ts)
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    coll.all_reduce(ts)
+                    times.append(time.perf_counter() - t0)
+                out.append((p, s, statistics.median(times)))
+    finally:
+        torch.set_num_threads(prev)
+    return out
+
+
+def gloo_sweep(sizes=SIZES, repeats=15):
+    """``[(bytes, seconds)]`` of blocking ``torch.distributed.all_reduce`` (float32) in
+    the current process group (call it in every process)."""
+    import torch.distributed as dist
+    out = []
+    for s in sizes:
+        t = torch.randn(max(1, s // 4))
+        for _ in range(3):
+            dist.all_reduce(t)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - t0)
+        out.append((s, statistics.median(times)))
+    return out
+
+
+def fit_line(points):
+    """Least-squares ``(intercept, slope)`` of ``[(x, y)]``."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def _fit_local(sweep):
+    # t = (P-1)·α + (P-1)·S/B: a line through (P-1, (P-1)·S) in two unknowns
+    rows = [((p - 1), (p - 1) * s, t) for p, s, t in sweep]
+    a11 = sum(r[0] * r[0] for r in rows)
+    a12 = sum(r[0] * r[1] for r in rows)
+    a22 = sum(r[1] * r[1] for r in rows)
+    b1 = sum(r[0] * r[2] for r in rows)
+    b2 = sum(r[1] * r[2] for r in rows)
+    det = a11 * a22 - a12 * a12
+    alpha = (b1 * a22 - b2 * a12) / det
+    inv_bw = (a11 * b2 - a12 * b1) / det
+    return max(alpha, 0.0), 1.0 / max(inv_bw, 1e-15)
+
+
+def cpu_cluster(host, local, gloo=None, cores=None, name=None):
+    """A ``Cluster`` of CPU places on this machine from measured parts.
+
+    ``host``: ``calibrate_host()``; ``local``: ``local_sum_sweep()``; ``gloo``:
+    ``gloo_sweep()`` of 2 processes (None: the local sum's figures stand in).
+    """
+    from ..place import available_cores
+    cores = cores or available_cores()
+    alpha_l, bw_l = _fit_local(local)
+    if gloo:
+        a, b = fit_line(gloo)
+        link = Link(1.0 / max(b, 1e-15), max(a, 0.0) / 2)  # 2 ranks: 2α + S/B
+    else:
+        link = Link(bw_l, alpha_l)
+    return Cluster(
+        name or f"cpu ({cores} cores, {cpu_name()})", 1024,
+        Device("cpu", cpu_name()),
+        Host(cores=cores, op_s=host["op_s"], gil_fraction=host["gil_fraction"],
+             hop_s=host["hop_s"], step_s=host["step_s"], graph_launch_s=0.0,
+             readable_extra_s=host["readable_extra_s"]),
+        intra=link, inter=link, collective_launch=0.0, comm_channels=2,
+        local_sum=(alpha_l, bw_l),
+        description=f"this machine: {cores} cores of {cpu_name()}; CPU places; processes "
+                    "joined by gloo over loopback",
+        sources=("calibrated by ssaexec.sim.calibrate on this machine",
+                 "gloo runs 2 worker threads per process group (torch's "
+                 "ProcessGroupGloo default): 2 collectives in flight"))
+
+
+def calibrate_cpu(gloo=None):
+    """``(Cluster, raw measurements)`` for CPU places of this machine."""
+    host = calibrate_host()
+    local = local_sum_sweep()
+    return cpu_cluster(host, local, gloo), {"host": host, "local_sum": local, "gloo": gloo}

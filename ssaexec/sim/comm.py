@@ -1,0 +1,139 @@
+"""α-β cost models of the collectives (latency α per message step, bandwidth B per rank).
+
+Closed forms, for ``S`` bytes on ``N`` ranks over links of latency ``alpha`` seconds
+and bandwidth ``bw`` bytes/s per direction per rank (Thakur, Rabenseifner and Gropp,
+"Optimization of collective communication operations in MPICH", IJHPCA 2005; Patarasuk
+and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC
+2009; Sanders, Speck and Träff, "Two-tree algorithms for full bandwidth broadcast,
+reduction and scan", Parallel Computing 2009):
+
+* ring all-reduce (reduce-scatter then all-gather): ``2(N-1)α + 2(N-1)/N · S/B``;
+* tree all-reduce (reduce up, broadcast down two binary trees, pipelined):
+  ``2⌈log2 N⌉α + 2 · S/B``;
+* reduce (ring reduce-scatter + gather to the root) and broadcast (scatter + ring
+  all-gather): ``(N-1)α + (N-1)/N · S/B`` each;
+* hierarchical all-reduce over ``n`` nodes of ``g`` ranks: reduce-scatter inside each
+  node, ring all-reduce of the ``S/g`` shards across nodes (each rank on its share of
+  the node's network bandwidth), all-gather inside the node.
+
+``collective_time`` composes them over a ``Cluster``'s two link levels the way NCCL's
+tuner does (``src/graph/tuning.cc``: a fixed launch latency per call, intra-node steps
+at the intra-node latency and inter-node steps at the network's; the bus bandwidth of a
+ring spanning nodes is the smaller of the intra-node links' and the node's network
+bandwidth) and, for ``algorithm="auto"``, takes the fastest, as NCCL's tuner picks one
+per call.
+"""
+
+import math
+
+__all__ = ["ring_all_reduce", "tree_all_reduce", "ring_reduce", "ring_broadcast",
+           "hierarchical_all_reduce", "collective_time", "ALGORITHMS"]
+
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
+
+
+def ring_all_reduce(nbytes, ranks, alpha, bw):
+    """Ring all-reduce: ``2(N-1)α + 2(N-1)/N · S/B`` seconds (0 for one rank)."""
+    n = ranks
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bw
+
+
+def tree_all_reduce(nbytes, ranks, alpha, bw):
+    """Double-binary-tree all-reduce: ``2⌈log2 N⌉α + 2 · S/B`` seconds."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(ranks)) * alpha + 2 * nbytes / bw
+
+
+def ring_reduce(nbytes, ranks, alpha, bw):
+    """Reduce to one root (reduce-scatter + gather): ``(N-1)α + (N-1)/N · S/B``."""
+    n = ranks
+    if n <= 1:
+        return 0.0
+    return (n - 1) * alpha + (n - 1) / n * nbytes / bw
+
+
+def ring_broadcast(nbytes, ranks, alpha, bw):
+    """Broadcast from one root (scatter + ring all-gather): ``(N-1)α + (N-1)/N · S/B``."""
+    return ring_reduce(nbytes, ranks, alpha, bw)
+
+
+def hierarchical_all_reduce(nbytes, nodes, per_node, intra, inter):
+    """Reduce-scatter in the node, all-reduce across nodes, all-gather in the node.
+
+    ``intra`` and ``inter`` are ``(alpha, bandwidth)`` pairs; ``inter``'s bandwidth is
+    the node's whole network bandwidth, shared by its ``per_node`` ranks.
+    """
+    g, n = per_node, nodes
+    a_i, b_i = intra
+    a_e, b_e = inter
+    t = 0.0
+    if g > 1:
+        t += 2 * ((g - 1) * a_i + (g - 1) / g * nbytes / b_i)
+    if n > 1:
+        t += ring_all_reduce(nbytes / g, n, a_e, b_e / g)
+    return t
+
+
+def _ring(cluster, kind, nbytes, ranks):
+    nodes, g = cluster.layout(ranks)
+    intra, inter = cluster.intra, cluster.inter
+    if kind == "all_reduce":
+        steps, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+        inter_steps = 2 * (nodes - 1)
+    else:  # reduce, broadcast
+        steps, share = ranks - 1, (ranks - 1) / ranks
+        inter_steps = nodes - 1
+    bw = intra.bandwidth if nodes == 1 else min(intra.bandwidth, inter.bandwidth)
+    lat = (steps - inter_steps) * intra.latency + inter_steps * inter.latency
+    return lat + share * nbytes / bw
+
+
+def _tree(cluster, nbytes, ranks):
+    nodes, g = cluster.layout(ranks)
+    intra, inter = cluster.intra, cluster.inter
+    bw = intra.bandwidth if nodes == 1 else min(intra.bandwidth, inter.bandwidth)
+    if nodes == 1:
+        return tree_all_reduce(nbytes, ranks, intra.latency, bw)
+    lat = 2 * ((g - 1) * intra.latency + math.ceil(math.log2(nodes)) * inter.latency)
+    return lat + 2 * nbytes / bw
+
+
+def collective_time(cluster, kind, nbytes, ranks, algorithm="auto"):
+    """Seconds one collective of ``nbytes`` (per rank) takes on ``ranks`` ranks.
+
+    Parameters
+    ----------
+    cluster : ssaexec.sim.cluster.Cluster
+    kind : {"all_reduce", "reduce", "broadcast"}
+    nbytes : int
+        Payload of one rank (what the rank holds before the call).
+    ranks : int
+    algorithm : {"auto", "ring", "tree", "hierarchical"}
+        All-reduce algorithm; reduce and broadcast are rings. ``auto`` takes the
+        fastest.
+
+    Returns
+    -------
+    (seconds, algorithm used)
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0, "none"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    base = cluster.collective_launch
+    if kind != "all_reduce":
+        return base + _ring(cluster, kind, nbytes, ranks), "ring"
+    nodes, g = cluster.layout(ranks)
+    options = {
+        "ring": _ring(cluster, kind, nbytes, ranks),
+        "tree": _tree(cluster, nbytes, ranks),
+        "hierarchical": hierarchical_all_reduce(
+            nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bandwidth),
+            (cluster.inter.latency, cluster.inter.bandwidth)),
+    }
+    if algorithm == "auto":
+        algorithm = min(options, key=lambda a: (options[a], a != "ring"))
+    return base + options[algorithm], algorithm

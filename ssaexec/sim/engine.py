@@ -1,0 +1,628 @@
+"""Discrete-event replay of one training step of one process.
+
+What is replayed. Every process of a data-parallel run holds the same places running
+the same graph, so one process stands for all: its SSA graph (``P`` local places)
+is replayed against the resources it really contends for, and each collective costs
+what the α-β models (``ssaexec.sim.comm``) say it costs on all ``P x processes`` ranks.
+
+The model, resource by resource:
+
+* **Scheduler.** The graph is cut into the nodes the executor schedules (the
+  compiled runner's segments, collectives and fetches, ``runtime.compiled.partition``
+  with the alias edges and the commit barrier; one node per op handle on the readable
+  path). The policy is the ``Scheduler``'s: the caller thread takes the first compute
+  root; a thread that finishes a node runs ONE newly ready node itself (compute
+  first) and queues the rest (communication first), which an idle worker picks up
+  ``Host.hop_s`` later; ``num_threads - 1`` workers serve the queue. ``inline`` runs
+  everything in the caller's thread, in the scheduler's stack order.
+* **Host and GIL.** An op's launch occupies its thread for ``host_s`` (the
+  profile's, else ``Host.op_s``), of which ``Host.gil_fraction`` holds the process's
+  one GIL: the places of one process launch one at a time, the places of different
+  processes do not wait for each other. CUDA-graph replay has no per-op host time,
+  one ``Host.graph_launch_s`` per place instead.
+* **Devices.** A GPU place has compute and communication streams: a kernel starts
+  when its launch is done, its stream is free and the kernels it depends on (on any
+  stream) have finished; the thread does not wait for it. A CPU place runs its
+  kernels on the launching thread (GIL released) on ``threads`` of the cores this
+  process gets of the machine, which its host work also needs.
+* **Collectives.** In-process collectives of CPU places are host work
+  (``Cluster.local_sum``: ``(P-1)·(α + S/B)``); of GPU places, a kernel on the
+  communication stream. Across processes, the executor's hierarchical all-reduce:
+  sum the local places, all-reduce one tensor per process (``Cluster.comm_channels``
+  at once, e.g. gloo's worker threads or NCCL's stream), copy back; with
+  ``BuildStrategy(async_allreduce=True)`` the start handle returns at once and the
+  wait handle blocks its thread (GIL released) until the network is done.
+* **Step.** ``Host.step_s`` per place before the graph (feeds), and the step ends
+  when every thread, stream and channel is idle (``run`` waits for the streams).
+
+Every interval the replay books is an ``Activity`` that remembers the activity whose
+end let it start; walking back from the last one gives the critical path, and its
+time split by category (device, host, gil, comm, hop) says what bounds the step.
+"""
+
+import heapq
+from collections import deque
+
+from ..dtypes import torch_dtype
+from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle
+from .comm import collective_time
+from .profile import OpCost
+
+__all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph"]
+
+# Fused optimizer updates (ops.optim.FUSED, compiled path): torch._foreach_* calls per
+# update and bytes moved per parameter byte (each call reads and writes whole lists)
+FOREACH = {"sgd": (2, 5), "momentum": (4, 10), "adam": (16, 30)}
+FOREACH_PER_TENSOR_S = 0.25e-6  # host time per list element of a foreach call (assumed)
+
+
+class Activity:
+    """An interval on a resource: ``cat`` is device, host, comm, wait, hop or step."""
+
+    __slots__ = ("start", "end", "cat", "label", "prev")
+
+    def __init__(self, start, end, cat, label, prev):
+        self.start, self.end, self.cat, self.label, self.prev = start, end, cat, label, prev
+
+    def __repr__(self):
+        return f"<{self.cat} {self.label} {self.start * 1e6:.1f}-{self.end * 1e6:.1f}us>"
+
+
+class SimResult:
+    """What one replayed step took (seconds) and what bounded it."""
+
+    __slots__ = ("step_s", "places", "processes", "ranks", "inline", "threads",
+                 "gil_busy_s", "device_busy_s", "comm_busy_s", "critical", "algorithms",
+                 "notes", "activities")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+
+    def critical_summary(self):
+        """Seconds of the critical path per category."""
+        out = {}
+        for a in self.critical:
+            out[a.cat] = out.get(a.cat, 0.0) + (a.end - a.start)
+        return out
+
+    def critical_top(self, n=6):
+        """The ``n`` labels holding the most critical-path time: [(label, cat, s, count)]."""
+        agg = {}
+        for a in self.critical:
+            key = (_family(a.label), a.cat)
+            s, c = agg.get(key, (0.0, 0))
+            agg[key] = (s + a.end - a.start, c + 1)
+        top = sorted(agg.items(), key=lambda kv: -kv[1][0])[:n]
+        return [(lab, cat, s, c) for (lab, cat), (s, c) in top]
+
+
+def _family(label):
+    # "conv2d_grad#57@cuda:3" -> "conv2d_grad"; "all_reduce(x@GRAD)" -> "all_reduce"
+    for sep in ("#", "("):
+        label = label.split(sep, 1)[0]
+    return label
+
+
+def wire_bytes(handle, program):
+    """Bytes one place sends into collective ``handle`` (compressed dtypes counted)."""
+    block = program.global_block()
+    wire = getattr(handle, "wire_dtype", None)
+    total = 0
+    for n in handle.var_names:
+        var = block.find_var(n)
+        if var is None or var.numel is None:
+            continue
+        dtype = torch_dtype(var.dtype)
+        if wire is not None and dtype.is_floating_point:
+            dtype = torch_dtype(wire)
+        total += var.numel * dtype.itemsize
+    return total
+
+
+class _Node:
+    __slots__ = ("id", "handles", "is_comm", "producers", "succ", "pending")
+
+    def __init__(self, id, handles, is_comm, producers):
+        self.id, self.handles, self.is_comm = id, handles, is_comm
+        self.producers = sorted(set(producers))
+        self.succ = ()
+        self.pending = len(self.producers)
+
+
+def node_graph(graph, compiled=True, noop_collectives=False):
+    """The nodes the scheduler runs: compiled segments or one per op handle.
+
+    The compiled form adds the alias order edges to ``graph`` (as the compiled runner
+    does when it is built).
+    """
+    if compiled:
+        from ..graph.aliasing import plan_aliasing
+        from ..runtime.compiled import Segment, partition
+        plan_aliasing(graph)
+        parts, _ = partition(graph, noop_collectives, atomic=not noop_collectives)
+        nodes = [_Node(n.id, n.handles if isinstance(n, Segment) else [n.handle],
+                       not isinstance(n, Segment) and n.is_collective,
+                       [p.id for p in n.producers()]) for n in parts]
+    else:
+        nodes = [_Node(op.id, [op], op.is_collective, [p.id for p in op.producers()])
+                 for op in graph.ops]
+    succ = [[] for _ in nodes]
+    for n in nodes:
+        for p in n.producers:
+            succ[p].append(n.id)
+    for n in nodes:
+        # the scheduler's order: communication first, then by id (DependencyPlan)
+        n.succ = tuple(sorted(succ[n.id], key=lambda j: not nodes[j].is_comm))
+    return nodes
+
+
+def _fusion(handles):
+    """(index of the last member -> group, indices to skip): the optimizer ops of one
+    segment the compiled path fuses (one kind, one learning rate, same attributes)."""
+    from ..graph.ssa import ComputationOpHandle
+    groups = {}
+    for k, h in enumerate(handles):
+        if isinstance(h, ComputationOpHandle) and h.op.type in FOREACH and \
+                not h.op.input("SkipUpdate") and h.op.input("Param"):
+            key = (h.op.type, tuple(h.op.input("LearningRate")),
+                   tuple(sorted((a, repr(v)) for a, v in h.op.attrs.items())))
+            groups.setdefault(key, []).append(k)
+    at, skip = {}, set()
+    for members in groups.values():
+        if len(members) > 1:
+            at[members[-1]] = [handles[k] for k in members]
+            skip.update(members[:-1])
+    return at, skip
+
+
+class _Slot:
+    """A resource that serves one activity at a time (GIL, core, stream, channel)."""
+
+    __slots__ = ("free", "last")
+
+    def __init__(self):
+        self.free, self.last = 0.0, None
+
+
+def _latest(pairs):
+    t, act = 0.0, None
+    for tt, a in pairs:
+        if tt > t:
+            t, act = tt, a
+    return t, act
+
+
+class _Thread:
+    __slots__ = ("idx", "gen", "node", "last", "idle")
+
+    def __init__(self, idx):
+        self.idx, self.gen, self.node, self.last, self.idle = idx, None, None, None, True
+
+
+class _Replay:
+    def __init__(self, graph, profile, cluster, processes, compiled, cuda_graph, threads,
+                 inline, algorithm, comm):
+        self.graph, self.profile, self.cluster = graph, profile, cluster
+        self.host = cluster.host
+        self.P = len(graph.places)
+        self.procs = processes
+        self.ranks = self.P * processes
+        self.cuda_graph, self.compiled = cuda_graph, compiled
+        self.gpu = cluster.device.kind == "gpu"
+        self.algorithm, self.comm = algorithm, comm
+        self.notes = []
+        nodes_per_machine, g = cluster.layout(self.ranks)
+        self.procs_per_node = max(1, g // self.P)
+        # the processes of one node share its cores (CPU places run kernels on them)
+        cores = max(1, int(cluster.host.cores // self.procs_per_node))
+        self.cores = [_Slot() for _ in range(cores)]
+        torch_threads = max(1, cores // self.P)
+        self.kernel_cores = min(cores, profile.threads or torch_threads)
+        if not self.gpu and profile.threads and profile.threads != torch_threads:
+            self.notes.append(f"profile taken with {profile.threads} torch threads; the "
+                              f"executor would use {torch_threads} per place here")
+        self.gil = _Slot()
+        self.streams = [{"compute": _Slot(), "comm": _Slot(), "fetch": _Slot()}
+                        for _ in range(self.P)]
+        self.proc_comm = _Slot()  # the process's collective stream (GPU)
+        self.channels = [_Slot() for _ in range(max(1, cluster.comm_channels))]
+        # processes of one node act as ranks of a cluster with that many per node
+        self.proc_cluster = cluster.replace(gpus_per_node=self.procs_per_node)
+        self.nodes = node_graph(graph, compiled, noop_collectives=self.P == 1 and
+                                processes == 1)
+        self.num_threads = 1 if inline else (threads or min(8, self.P + 1))
+        self.inline = bool(inline) or self.num_threads == 1
+        self.dev_end = {}   # handle id -> (time, activity) its device work ends
+        self.pending_net = {}  # all-reduce start id -> (time, activity) network done
+        self.acts = []
+        self.heap, self.seq = [], 0
+        self.now = 0.0
+        self.queue = deque()
+        self.stack = []
+        self.missing = set()
+        self.algos = {}
+        self.busy = {"gil": 0.0, "device": 0.0, "comm": 0.0}
+        self.hop_s = 0.0 if cuda_graph else self.host.hop_s
+
+    # --- bookkeeping --------------------------------------------------------------------
+    def act(self, start, end, cat, label, prev):
+        a = Activity(start, end, cat, label, prev)
+        self.acts.append(a)
+        return a
+
+    def at(self, t, thread):
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, thread.idx))
+
+    # --- costs --------------------------------------------------------------------------
+    def cost(self, h):
+        c = self.profile.cost(h)
+        if c is None:
+            if h.kind != "fetch":
+                self.missing.add(h.op_type)
+            c = self.profile.fallback(h)
+        host = self.host.op_s if c.host_s is None else c.host_s
+        dev = c.device_s
+        if self.profile.wall:
+            dev = max(0.0, dev - host)
+        if self.cuda_graph:
+            host = 0.0
+        return OpCost(dev, host)
+
+    def net_time(self, kind, nbytes, ranks, cluster=None):
+        if not self.comm:
+            return 0.0
+        t, algo = collective_time(cluster or self.cluster, kind, nbytes, ranks, self.algorithm)
+        self.algos[algo] = self.algos.get(algo, 0) + 1
+        return t
+
+    def local_time(self, kind, nbytes):
+        """In-process collective of the P places (host work for CPU places)."""
+        P = self.P
+        if P <= 1 or not self.comm:
+            return 0.0
+        if self.gpu or self.cluster.local_sum is None:
+            k = "reduce" if kind == "all_reduce" and self.procs > 1 else kind
+            return self.net_time(k, nbytes, P)
+        alpha, bw = self.cluster.local_sum
+        t = (P - 1) * (alpha + nbytes / bw)
+        return t if kind == "all_reduce" else t / 2
+
+    # --- host work ----------------------------------------------------------------------
+    def host_work(self, thread, seconds, label, gil_fraction=None):
+        """Book ``seconds`` of host work on ``thread`` at ``now``; return its end."""
+        if seconds <= 0:
+            return self.now
+        f = self.host.gil_fraction if gil_fraction is None else gil_fraction
+        gil = seconds * f
+        cands = [(self.now, thread.last), (self.gil.free, self.gil.last)]
+        core = None
+        if not self.gpu:
+            core = min(self.cores, key=lambda c: c.free)
+            cands.append((core.free, core.last))
+        start, prev = _latest(cands)
+        a = self.act(start, start + seconds, "host", label, prev)
+        if gil > 0:
+            g = self.act(start, start + gil, "gil", label, prev)
+            self.gil.free, self.gil.last = start + gil, g
+            self.busy["gil"] += gil
+        if core is not None:
+            core.free, core.last = start + seconds, a
+        thread.last = a
+        return a.end
+
+    def cpu_kernel(self, thread, seconds, label, ncores=None):
+        """A CPU place's kernel: ``ncores`` cores for ``seconds`` on the calling thread."""
+        if seconds <= 0:
+            return self.now
+        k = ncores or self.kernel_cores
+        chosen = sorted(self.cores, key=lambda c: c.free)[:k]
+        start, prev = _latest([(self.now, thread.last)] + [(c.free, c.last) for c in chosen])
+        a = self.act(start, start + seconds, "device", label, prev)
+        for c in chosen:
+            c.free, c.last = a.end, a
+        thread.last = a
+        self.busy["device"] += seconds
+        return a.end
+
+    def stream_work(self, slot, seconds, label, after, cat="device"):
+        """Work on a stream (or channel) ``slot`` once ``after`` (time, activity) pairs
+        have passed; returns its activity."""
+        start, prev = _latest([(slot.free, slot.last)] + list(after))
+        a = self.act(start, start + seconds, cat, label, prev)
+        slot.free, slot.last = a.end, a
+        self.busy["comm" if cat == "comm" else "device"] += seconds
+        return a
+
+    def deps(self, h):
+        return [self.dev_end[p.id] for p in h.producers() if p.id in self.dev_end]
+
+    # --- handles --------------------------------------------------------------------------
+    def run_handle(self, thread, h):
+        if isinstance(h, AllReduceWaitOpHandle):
+            yield from self.wait_handle(thread, h)
+        elif h.is_collective:
+            yield from self.collective(thread, h)
+        else:
+            yield from self.op(thread, h)
+
+    def op(self, thread, h):
+        c = self.cost(h)
+        label = h.name
+        t = self.host_work(thread, c.host_s, label)
+        if self.gpu:
+            slot = self.streams[h.place_idx if h.on_one_place else 0][h.stream]
+            a = self.stream_work(slot, c.device_s, label, [(t, thread.last)] + self.deps(h))
+            self.dev_end[h.id] = (a.end, a)
+            yield t
+            return
+        yield t
+        end = self.cpu_kernel(thread, c.device_s, label)
+        self.dev_end[h.id] = (end, thread.last)
+        yield end
+
+    def fused(self, thread, group):
+        """One ``torch._foreach_*`` update for a group of optimizer ops (memory-bound)."""
+        calls, traffic = FOREACH[group[0].op.type]
+        block = self.graph.program.global_block()
+        nbytes = 0
+        for h in group:
+            var = block.find_var(h.op.input("Param")[0])
+            if var is not None and var.numel is not None:
+                nbytes += var.numel * torch_dtype(var.dtype).itemsize
+        dev = self.cluster.device
+        if self.gpu:
+            bw = dev.mem_bw * 0.7 if dev.mem_bw else 1e12
+        else:
+            bw = self.cluster.local_sum[1] if self.cluster.local_sum else 10e9
+        device_s = calls * dev.kernel_min + traffic * nbytes / bw
+        host_s = 0.0 if self.cuda_graph else \
+            calls * (self.host.op_s + len(group) * FOREACH_PER_TENSOR_S)
+        label = f"{group[0].op.type}_foreach#{group[-1].op_index}"
+        t = self.host_work(thread, host_s, label)
+        if self.gpu:
+            h = group[-1]
+            slot = self.streams[h.place_idx]["compute"]
+            deps = [d for g in group for d in self.deps(g)]
+            a = self.stream_work(slot, device_s, label, [(t, thread.last)] + deps)
+            for g in group:
+                self.dev_end[g.id] = (a.end, a)
+            yield t
+            return
+        yield t
+        end = self.cpu_kernel(thread, device_s, label)
+        for g in group:
+            self.dev_end[g.id] = (end, thread.last)
+        yield end
+
+    def collective(self, thread, h):
+        nbytes = wire_bytes(h, self.graph.program)
+        kind = "all_reduce" if isinstance(h, AllReduceOpHandle) else h.kind
+        is_async = kind == "all_reduce" and h.wait is not None
+        label = h.name
+        P = self.P
+        if P == 1 and self.procs == 1:
+            # nothing to do: the compiled path emits no code for it, the readable path
+            # calls the backend once
+            t = self.host_work(thread, 0.0 if self.cuda_graph or self.compiled
+                               else self.host.op_s, label)
+            self.dev_end[h.id] = (t, thread.last)
+            yield t
+            return
+        local = self.local_time(kind, nbytes)
+        cross = self.procs > 1
+        if self.gpu:
+            t = self.host_work(thread, 0.0 if self.cuda_graph else self.host.op_s * P, label)
+            work = local
+            if cross and kind == "all_reduce":  # local reduce, processes, local broadcast
+                work += self.net_time("all_reduce", nbytes, self.procs, self.proc_cluster)
+            elif cross:
+                work = self.net_time(kind, nbytes, self.ranks)
+            a = self.stream_work(self.proc_comm, work, label,
+                                 [(t, thread.last)] + self.deps(h), "comm")
+            self.dev_end[h.id] = (a.end, a)
+            yield t
+            if cross and is_async:
+                self.pending_net[h.id] = (a.end, a)
+            elif cross and kind == "all_reduce" and not self.cuda_graph:
+                # the executor waits for the process group's work with a timeout: blocking
+                yield self.block(thread, (a.end, a))
+            return
+        # CPU places: the in-process part is host work (sums and copies on the thread)
+        calls = 2 * (P - 1) if kind == "all_reduce" else P - 1
+        if len(h.var_names) > 1 and P > 1:  # a fused bucket: flatten, then copy back
+            calls += P * (1 + len(h.var_names))
+            if self.cluster.local_sum is not None:
+                local += 2 * P * nbytes / self.cluster.local_sum[1]
+        host = min(calls * self.host.op_s, local)
+        t = self.host_work(thread, host, label)
+        yield t
+        if local > host:
+            t = self.cpu_kernel(thread, local - host, label, ncores=1)
+            yield t
+        if cross:
+            t = self.host_work(thread, self.host.op_s, label)
+            yield t
+            net = self.net_time(kind, nbytes, self.procs, self.proc_cluster)
+            ch = min(self.channels, key=lambda c: c.free)
+            a = self.stream_work(ch, net, label, [(t, thread.last)], "comm")
+            if is_async:
+                self.pending_net[h.id] = (a.end, a)
+            else:
+                t = self.block(thread, (a.end, a))
+                yield t
+        self.dev_end[h.id] = (t, thread.last)
+
+    def block(self, thread, done):
+        """The thread waits, GIL released, until ``done`` = (time, activity) has passed."""
+        end, act = done
+        if end > self.now:
+            thread.last = act  # what it waited for is what let it go on
+        return max(self.now, end)
+
+    def wait_handle(self, thread, h):
+        done = self.pending_net.pop(h.start.id, None)
+        if done is None:  # no network part (comm off, or one process)
+            done = self.dev_end.get(h.start.id, (self.now, thread.last))
+        if self.cuda_graph:
+            self.dev_end[h.id] = done
+            yield self.now
+            return
+        t = self.block(thread, done)
+        self.dev_end[h.id] = (t, thread.last)
+        yield t
+
+    # --- scheduling -----------------------------------------------------------------------
+    def node_gen(self, thread, node):
+        fused_at, skip = _fusion(node.handles) if self.compiled else ({}, ())
+        for k, h in enumerate(node.handles):
+            if k in skip:
+                continue
+            if k in fused_at:
+                yield from self.fused(thread, fused_at[k])
+            else:
+                yield from self.run_handle(thread, h)
+        if not self.cuda_graph:
+            t = self.host_work(thread, self.host.node_s, "scheduler", gil_fraction=1.0)
+            yield t
+
+    def start(self, thread, node_id, t, prev=None):
+        thread.idle = False
+        thread.node = self.nodes[node_id]
+        if prev is not None and (thread.last is None or prev.end > thread.last.end):
+            thread.last = prev
+        thread.gen = self.node_gen(thread, thread.node)
+        self.at(t, thread)
+
+    def put(self, node_id, prev):
+        self.queue.append((self.now, node_id, prev))
+
+    def dispatch(self):
+        for w in self.threads[1:]:
+            if not self.queue:
+                return
+            if w.idle:
+                put_t, j, prev = self.queue.popleft()
+                t = max(self.now, put_t + self.hop_s)
+                hop = self.act(put_t, t, "hop", "scheduler hand-off", prev) \
+                    if t > put_t else prev
+                self.start(w, j, t, hop)
+
+    def finished(self, thread, node):
+        ready = []
+        for j in node.succ:
+            n = self.nodes[j]
+            n.pending -= 1
+            if n.pending == 0:
+                ready.append(j)
+        if self.inline:
+            self.stack.extend(reversed(ready))
+            if self.stack:
+                self.start(thread, self.stack.pop(), self.now)
+            else:
+                thread.idle = True
+            return
+        nxt = None
+        if ready:
+            nxt = next((j for j in ready if not self.nodes[j].is_comm), ready[0])
+            for j in ready:
+                if j != nxt:
+                    self.put(j, thread.last)
+        if nxt is not None:
+            self.start(thread, nxt, self.now)
+        elif thread.idx > 0 and self.queue:
+            put_t, j, prev = self.queue.popleft()
+            self.start(thread, j, max(self.now, put_t), prev)
+        else:
+            thread.idle = True
+        self.dispatch()
+
+    def run(self):
+        self.threads = [_Thread(i) for i in range(self.num_threads)]
+        caller = self.threads[0]
+        caller.idle = False
+        if self.cuda_graph:
+            t = 0.0
+            for _ in range(self.P):
+                self.now = t
+                t = self.host_work(caller, self.host.graph_launch_s, "cuda graph replay")
+        else:
+            self.now = 0.0
+            t = self.host_work(caller, self.host.step_s * self.P, "step (feeds, fetches)",
+                               gil_fraction=1.0)
+        self.now = t
+        roots = sorted((n.id for n in self.nodes if n.pending == 0),
+                       key=lambda j: not self.nodes[j].is_comm)
+        if self.inline:
+            self.stack = list(reversed(roots))
+            self.start(caller, self.stack.pop(), t)
+        else:
+            first = next((r for r in roots if not self.nodes[r].is_comm), roots[0])
+            for r in roots:
+                if r != first:
+                    self.put(r, caller.last)
+            self.start(caller, first, t)
+            self.dispatch()
+        while self.heap:
+            t, _, idx = heapq.heappop(self.heap)
+            self.now = t
+            thread = self.threads[idx]
+            try:
+                nxt = next(thread.gen)
+            except StopIteration:
+                self.finished(thread, thread.node)
+                continue
+            self.at(max(nxt, t), thread)
+        left = [n.id for n in self.nodes if n.pending > 0]
+        if left:
+            raise RuntimeError(f"simulation stalled with {len(left)} nodes never ready")
+        ends = [(a.end, a) for a in self.acts]
+        end, last = _latest(ends)
+        path = []
+        a = last
+        seen = set()
+        while a is not None and id(a) not in seen:
+            seen.add(id(a))
+            path.append(a)
+            a = a.prev
+        path.reverse()
+        if self.missing:
+            self.notes.append("not in the profile (median of their type used): " +
+                              ", ".join(sorted(self.missing)))
+        return SimResult(step_s=end, places=self.P, processes=self.procs, ranks=self.ranks,
+                         inline=self.inline, threads=self.num_threads,
+                         gil_busy_s=self.busy["gil"], device_busy_s=self.busy["device"],
+                         comm_busy_s=self.busy["comm"], critical=path,
+                         algorithms=dict(self.algos), notes=list(self.notes),
+                         activities=self.acts)
+
+
+def simulate_step(graph, profile, cluster, processes=1, compiled=True, cuda_graph=False,
+                  threads=None, inline=False, algorithm="auto", comm=True):
+    """Replay one step of ``graph`` (one process's places) and return a ``SimResult``.
+
+    Parameters
+    ----------
+    graph : SSAGraph
+        The graph of one process (its ``P`` local places; ``num_trainers`` processes
+        in the strategy make its all-reduces cross-process).
+    profile : Profile
+    cluster : Cluster
+    processes : int
+        Processes in the run, each with ``P`` places (ranks = ``P * processes``).
+    compiled : bool
+        Replay the compiled runner's segments (default) or the readable path.
+    cuda_graph : bool
+        Replay captured CUDA graphs (no per-op host time).
+    threads : int, optional
+        Scheduler threads (default ``min(8, P + 1)``, as the executor).
+    inline : bool
+        Run everything in the caller's thread.
+    algorithm : str
+        All-reduce algorithm (``ssaexec.sim.comm.ALGORITHMS``).
+    comm : bool
+        False: collectives cost nothing (to see how much communication is exposed).
+    """
+    return _Replay(graph, profile, cluster, processes, compiled, cuda_graph, threads,
+                   inline, algorithm, comm).run()

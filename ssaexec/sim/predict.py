@@ -1,0 +1,214 @@
+"""Predictions for whole configurations: N ranks, a process layout, a build strategy.
+
+``predict`` builds the SSA graph one process would run (``P`` local places: one per
+GPU of a node when one process drives a node, one when every GPU has its own
+process), replays a step (``engine.simulate_step``), and with gradient accumulation
+one step of each program (``K-1`` accumulating micro-batches, then the one that
+all-reduces and applies). ``scaling`` sweeps the number of ranks and the layouts
+and reports efficiency against one rank; ``sweep_bucket_mb`` tries fused-bucket
+sizes.
+
+Layouts:
+
+* ``process-per-gpu`` (torchrun, DDP's usual launch): ``P = 1``, ``N`` processes;
+* ``process-per-node`` (one process drives all local GPUs, the executor's own
+  multi-place mode): ``P = min(N, gpus per node)``, ``N / P`` processes.
+
+Ranks never share a GPU. On a CPU cluster "GPUs" are CPU places and the machine is
+one node, so ``process-per-node`` is one process with ``N`` places.
+"""
+
+import copy
+import math
+
+from ..graph.build import build_ssa_graph
+from ..place import CPUPlace, CUDAPlace
+from ..strategy import BuildStrategy
+from .engine import simulate_step
+
+__all__ = ["LAYOUTS", "Prediction", "build_graph", "predict", "scaling", "sweep_bucket_mb"]
+
+LAYOUTS = ("process-per-gpu", "process-per-node")
+
+
+class Prediction:
+    """One configuration's predicted step (``step_s`` per micro-batch of every rank)."""
+
+    __slots__ = ("ranks", "layout", "places", "processes", "cuda_graph", "step_s",
+                 "images_per_sec", "efficiency", "comm_exposed_s", "result", "batch",
+                 "accumulation", "notes")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+
+    @property
+    def label(self):
+        return f"{self.layout}{' + cuda graph' if self.cuda_graph else ''}"
+
+    def bound_by(self):
+        """The critical path's largest category and its largest item, in words."""
+        r = self.result
+        cats = r.critical_summary()
+        if not cats:
+            return "-"
+        total = sum(cats.values()) or 1.0
+        top = r.critical_top(1)
+        words = {"device": "device compute", "host": "host launches", "gil": "GIL",
+                 "comm": "communication", "hop": "scheduler hand-offs", "step": "step"}
+        cat = max(cats, key=cats.get)
+        item = f" ({top[0][0]})" if top else ""
+        return f"{words.get(cat, cat)} {cats[cat] / total:.0%}{item}"
+
+    def to_dict(self):
+        r = self.result
+        return {"gpus": self.ranks, "layout": self.layout, "cuda_graph": self.cuda_graph,
+                "places_per_process": self.places, "processes": self.processes,
+                "batch_per_gpu": self.batch, "accumulation": self.accumulation,
+                "step_ms": self.step_s * 1e3, "images_per_sec": self.images_per_sec,
+                "efficiency": self.efficiency, "comm_exposed_ms": self.comm_exposed_s * 1e3,
+                "gil_busy_ms": r.gil_busy_s * 1e3, "scheduler_threads": r.threads,
+                "inline": r.inline, "algorithms": r.algorithms,
+                "critical_path_ms": {k: v * 1e3 for k, v in r.critical_summary().items()},
+                "critical_top": [{"op": lab, "category": cat, "ms": s * 1e3, "count": c}
+                                 for lab, cat, s, c in r.critical_top(6)],
+                "bound_by": self.bound_by(), "notes": list(self.notes or ())}
+
+
+def _places(cluster, n):
+    cls = CUDAPlace if cluster.device.kind == "gpu" else CPUPlace
+    return [cls(i) for i in range(n)]
+
+
+def layout_of(cluster, ranks, layout):
+    """(places per process, processes) of ``ranks`` ranks in ``layout``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "process-per-gpu":
+        return 1, ranks
+    p = min(ranks, cluster.gpus_per_node)
+    return p, math.ceil(ranks / p)
+
+
+def build_graph(program, cluster, places, processes, build_strategy=None, fetch=None):
+    """The SSA graph of one process with ``places`` places out of ``processes``."""
+    bs = copy.copy(build_strategy or BuildStrategy())
+    bs.num_trainers, bs.trainer_id = processes, 0
+    bs.debug_graphviz_path = None
+    return build_ssa_graph(program, _places(cluster, places), bs, fetch)
+
+
+def _fetch(program):
+    from ..program.defaults import loss_var
+    loss = loss_var(program)
+    return [loss] if loss else None
+
+
+def _step(program, profile, cluster, places, processes, bs, comm=True, **kw):
+    graph = build_graph(program, cluster, places, processes, bs, _fetch(program))
+    return simulate_step(graph, profile, cluster, processes=processes, comm=comm, **kw)
+
+
+def _best_threading(program, profile, cluster, places, processes, bs, inline, **kw):
+    # The executor times both ways on its first steps when several CPU places share a
+    # process and keeps the faster (ParallelExecutor._threading_probe); so does this.
+    if inline is not None or cluster.device.kind == "gpu" or places < 2 or \
+            kw.get("threads") is not None:
+        return _step(program, profile, cluster, places, processes, bs,
+                     inline=bool(inline), **kw)
+    pool = _step(program, profile, cluster, places, processes, bs, inline=False, **kw)
+    alone = _step(program, profile, cluster, places, processes, bs, inline=True, **kw)
+    return alone if alone.step_s < pool.step_s else pool
+
+
+def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_strategy=None,
+            cuda_graph=False, compiled=True, algorithm="auto", threads=None, inline=None,
+            exposed=True):
+    """Predict one configuration (see the module docstring); returns a ``Prediction``.
+
+    ``inline=None`` picks the faster of the pool and the caller's thread where the
+    executor does (several CPU places in one process).
+    """
+    places, processes = layout_of(cluster, ranks, layout)
+    bs = build_strategy or BuildStrategy()
+    k = bs.gradient_accumulation_steps
+    kw = dict(compiled=compiled, cuda_graph=cuda_graph, algorithm=algorithm, threads=threads)
+    notes = []
+    if k > 1:
+        from ..program.accumulate import accumulation_programs
+        acc_prog, apply_prog = accumulation_programs(program)
+        apply = _best_threading(apply_prog, profile, cluster, places, processes, bs, inline,
+                                **kw)
+        acc = _best_threading(acc_prog, profile, cluster, places, processes, bs, inline, **kw)
+        step = ((k - 1) * acc.step_s + apply.step_s) / k
+        result = apply
+        if exposed:
+            quiet = _best_threading(apply_prog, profile, cluster, places, processes, bs,
+                                    inline, comm=False, **kw)
+            comm_exposed = max(0.0, apply.step_s - quiet.step_s) / k
+        notes.append(f"gradient accumulation: {k - 1} micro-batches of "
+                     f"{acc.step_s * 1e3:.2f} ms, then one of {apply.step_s * 1e3:.2f} ms")
+    else:
+        result = _best_threading(program, profile, cluster, places, processes, bs, inline, **kw)
+        step = result.step_s
+        if exposed:
+            quiet = _best_threading(program, profile, cluster, places, processes, bs, inline,
+                                    comm=False, **kw)
+            comm_exposed = max(0.0, result.step_s - quiet.step_s)
+    if not exposed:
+        comm_exposed = 0.0
+    if cuda_graph and processes > 1:
+        notes.append("the executor captures CUDA graphs of single-process runs only "
+                      "(runtime.cuda_graph); this row shows what replay would give")
+    if processes > 1 and (bs.reduce_strategy == "reduce" or bs.zero_stage):
+        notes.append("the executor runs the reduce strategy and ZeRO in one process only; "
+                      "owners are this process's places")
+    notes.extend(result.notes)
+    return Prediction(ranks=ranks, layout=layout, places=places, processes=processes,
+                      cuda_graph=cuda_graph, step_s=step,
+                      images_per_sec=ranks * profile.batch / step if step > 0 else math.inf,
+                      efficiency=None, comm_exposed_s=comm_exposed, result=result,
+                      batch=profile.batch, accumulation=k, notes=notes)
+
+
+def scaling(program, profile, cluster, gpus, layouts=LAYOUTS, cuda_graphs=(False, True),
+            build_strategy=None, **kw):
+    """Predictions for every (ranks, layout, cuda graph) combination.
+
+    Efficiency of a row: its images/sec over ``ranks`` times the images/sec of the same
+    layout and CUDA-graph setting on one rank.
+
+    Returns
+    -------
+    list of Prediction, in ``gpus`` order then layout and CUDA-graph order.
+    """
+    out = []
+    base = {}
+    cuda_graphs = cuda_graphs if cluster.device.kind == "gpu" else (False,)
+    for n in gpus:
+        for layout in layouts:
+            for cg in cuda_graphs:
+                p = predict(program, profile, cluster, n, layout, build_strategy, cg, **kw)
+                key = (layout, cg)
+                if key not in base:
+                    one = p if n == 1 else predict(program, profile, cluster, 1, layout,
+                                                   build_strategy, cg, exposed=False, **kw)
+                    base[key] = one.images_per_sec
+                p.efficiency = p.images_per_sec / (n * base[key])
+                out.append(p)
+    return out
+
+
+def sweep_bucket_mb(program, profile, cluster, ranks, sizes=(1, 4, 16, 25, 64, 256),
+                    layout="process-per-gpu", build_strategy=None, **kw):
+    """Predictions with fused all-reduce buckets of each size in ``sizes`` (MiB), plus
+    one without fusion (``bucket_mb`` None); returns ``[(bucket_mb, Prediction)]``."""
+    base = build_strategy or BuildStrategy()
+    out = []
+    for mb in (None,) + tuple(sizes):
+        bs = copy.copy(base)
+        bs.fuse_all_reduce_ops = mb is not None
+        if mb is not None:
+            bs.fuse_bucket_mb = float(mb)
+        out.append((mb, predict(program, profile, cluster, ranks, layout, bs, **kw)))
+    return out

@@ -1,0 +1,349 @@
+"""Op durations of one place: from a trace, measured on the fly, or estimated.
+
+A ``Profile`` maps each op of a program (``op_key``: the op type and the vars it
+writes, so the same op is found in the rewritten programs of gradient accumulation)
+to an ``OpCost``: ``device_s``, the time its kernels occupy the device, and
+``host_s``, the host time of its launch (None: the cluster's ``Host.op_s``). When
+``wall`` is set, ``device_s`` is the op's whole time on the thread that ran it (a CPU
+place runs its kernels on that thread): the engine takes the host launch out of it.
+
+Three sources, one class:
+
+* ``Profile.from_trace(trace)``: ``ssaexec trace`` output (Chrome-trace JSON), the
+  median over steps of each op's slice on place 0. CPU places: the slice is the
+  op's wall time on the readable per-op path, whose own cost
+  (``Host.readable_extra_s``) is taken off. CUDA places: slices show host launch
+  time, unless the trace was made with ``--cuda-sync`` (then device time);
+  ``from_trace(device_trace, host_trace=...)`` combines one of each.
+* ``Profile.measure(program, ...)``: runs steps on one place through
+  ``ParallelExecutor.observe`` (one scheduler thread, so nothing else runs beside
+  the op being timed) and takes the same medians.
+* ``Profile.estimate(program, batch, device)``: a roofline estimate without
+  running anything: matrix products and convolutions at a share of the device's
+  peak FLOP/s, everything else at a share of its memory bandwidth, never below
+  ``Device.kernel_min``. For devices this machine does not have.
+"""
+
+import json
+import math
+import re
+import statistics
+
+from ..errors import SSAExecError
+from ..graph.ssa import ComputationOpHandle
+
+__all__ = ["OpCost", "Profile", "op_key", "EFFICIENCY"]
+
+# shares of the roofline the estimate assumes (cuBLAS/cuDNN reach 50-70 % of peak on
+# large problems; elementwise kernels 60-80 % of the memory bandwidth)
+EFFICIENCY = {"flops": 0.5, "mem": 0.7}
+
+_VERSION = re.compile(r"@v\d+(\[[^\]]*\])?$")
+
+
+def op_key(handle):
+    """The profile key of an op handle: op type and written vars (kind for the others)."""
+    if isinstance(handle, ComputationOpHandle):
+        outs = [v.name for v in handle.outputs if not v.is_dummy]
+        return f"{handle.op.type}|{','.join(outs)}"
+    if handle.kind == "fetch":
+        return f"fetch|{handle.var_name}"
+    return handle.kind
+
+
+class OpCost:
+    """``device_s`` and ``host_s`` (None: the cluster's default) of one op."""
+
+    __slots__ = ("device_s", "host_s")
+
+    def __init__(self, device_s, host_s=None):
+        self.device_s = float(device_s)
+        self.host_s = None if host_s is None else float(host_s)
+
+    def __repr__(self):
+        h = "default" if self.host_s is None else f"{self.host_s * 1e6:.1f}us"
+        return f"OpCost(device {self.device_s * 1e6:.1f}us, host {h})"
+
+
+class Profile:
+    """Op costs of one place of a program (see the module docstring).
+
+    Parameters
+    ----------
+    costs : dict
+        ``op_key -> OpCost``.
+    batch : int
+        Samples per place the costs were taken at.
+    device : str
+        ``"cpu"`` or ``"gpu"``.
+    wall : bool
+        ``device_s`` holds the op's whole time on its thread (CPU places).
+    threads : int, optional
+        torch intra-op threads of a CPU profile (the cores a kernel keeps busy).
+    source : str
+        Where the numbers come from.
+    """
+
+    __slots__ = ("costs", "batch", "device", "wall", "threads", "source")
+
+    def __init__(self, costs, batch, device, wall=False, threads=None, source=""):
+        if device not in ("cpu", "gpu"):
+            raise SSAExecError(f"profile device must be 'cpu' or 'gpu', got {device!r}")
+        self.costs = dict(costs)
+        self.batch = int(batch)
+        self.device = device
+        self.wall = bool(wall)
+        self.threads = None if threads is None else int(threads)
+        self.source = source
+
+    def __repr__(self):
+        return (f"<Profile {len(self.costs)} ops, batch {self.batch} per place, "
+                f"{self.device}{' wall' if self.wall else ''}, {self.source}>")
+
+    def cost(self, handle):
+        """The ``OpCost`` of ``handle``, or None when the profile does not know it."""
+        return self.costs.get(op_key(handle))
+
+    def fallback(self, handle):
+        """A stand-in for an op the profile lacks: the median of its type, else of all."""
+        if handle.kind == "fetch":
+            return OpCost(0.0)  # a copy of a scalar: the host launch only
+        typ = handle.op_type
+        same = [c for k, c in self.costs.items() if k.split("|", 1)[0] == typ]
+        pool = same or list(self.costs.values())
+        if not pool:
+            return OpCost(0.0)
+        return OpCost(statistics.median(c.device_s for c in pool),
+                      None if any(c.host_s is None for c in pool)
+                      else statistics.median(c.host_s for c in pool))
+
+    def total_device_s(self):
+        return sum(c.device_s for c in self.costs.values())
+
+    # --- JSON ---------------------------------------------------------------------------
+    def to_dict(self):
+        return {"batch": self.batch, "device": self.device, "wall": self.wall,
+                "threads": self.threads, "source": self.source,
+                "costs": {k: [c.device_s, c.host_s] for k, c in self.costs.items()}}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls({k: OpCost(*v) for k, v in d["costs"].items()}, d["batch"], d["device"],
+                   d.get("wall", False), d.get("threads"), d.get("source", ""))
+
+    def save(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        return path
+
+    # --- from a trace -------------------------------------------------------------------
+    @classmethod
+    def from_trace(cls, trace, host_trace=None, readable_extra_s=8e-6):
+        """A profile from ``ssaexec trace`` output (a dict or a path).
+
+        ``host_trace``: a second trace of CUDA places made without ``--cuda-sync``,
+        whose slices give the host times while ``trace``'s (with ``--cuda-sync``)
+        give the device times. ``readable_extra_s``: the readable path's own cost per
+        op, taken off CPU slices and host times.
+        """
+        doc = _load(trace)
+        meta = doc.get("otherData", {})
+        places = meta.get("places") or ["cpu:0"]
+        cuda = str(places[0]).startswith("cuda")
+        batch = max(1, int(meta.get("batch", 1)) // max(1, len(places)))
+        durations = _medians(doc)
+        source = f"trace of {meta.get('program', 'a program')} on {places[0]}"
+        if not cuda:
+            costs = {k: OpCost(max(0.0, d - readable_extra_s)) for k, d in durations.items()}
+            return cls(costs, batch, "cpu", wall=True, threads=meta.get("torch_threads"),
+                       source=source)
+        if host_trace is not None:
+            host = _medians(_load(host_trace))
+            if not meta.get("cuda_sync"):
+                raise SSAExecError("from_trace(trace, host_trace=...): the first trace must be "
+                                   "made with --cuda-sync (device times)")
+            costs = {k: OpCost(max(0.0, d - readable_extra_s),
+                               max(0.0, host.get(k, d) - readable_extra_s))
+                     for k, d in durations.items()}
+            return cls(costs, batch, "gpu", source=source + " (+ a host trace)")
+        if meta.get("cuda_sync"):
+            costs = {k: OpCost(max(0.0, d - readable_extra_s)) for k, d in durations.items()}
+            return cls(costs, batch, "gpu", source=source + " (--cuda-sync: device times)")
+        # launch times only: the device time is unknown, assume the kernels keep up
+        costs = {k: OpCost(max(0.0, d - readable_extra_s), max(0.0, d - readable_extra_s))
+                 for k, d in durations.items()}
+        return cls(costs, batch, "gpu",
+                   source=source + " (host launch times only: device time taken equal)")
+
+    # --- measured on the fly ------------------------------------------------------------
+    @classmethod
+    def measure(cls, program, startup=None, batch=16, place=None, threads=None, steps=5,
+                warmup=2, seed=0, readable_extra_s=8e-6, loss=None):
+        """Run ``warmup`` + ``steps`` steps of ``program`` on one place and time every op.
+
+        One scheduler thread runs the ops, one at a time (``observe`` uses the readable
+        path). ``threads``: torch intra-op threads (CPU; default torch's current
+        setting). On a CUDA place a second pass with ``cuda_sync`` gives device times.
+        """
+        import torch
+
+        from ..parallel_executor import ParallelExecutor
+        from ..place import CPUPlace
+        from ..program.defaults import default_startup, loss_var
+        from ..runtime.scope import Scope
+        from ..strategy import ExecutionStrategy
+        from ..synthetic import synthetic_feed
+        from ..trace import OpTimer
+        place = place or CPUPlace(0)
+        loss = loss or loss_var(program)
+        if loss is None:
+            raise SSAExecError("Profile.measure: the program has no loss var to fetch")
+        startup = default_startup(program, startup)[0]
+        threads = threads or torch.get_num_threads()
+        strategy = ExecutionStrategy(num_threads=1, torch_threads=threads)
+        feed = synthetic_feed(program, batch, seed)
+        pe = ParallelExecutor(places=[place], main_program=program, startup_program=startup,
+                              loss_name=loss, exec_strategy=strategy, scope=Scope(),
+                              distributed=False)
+        try:
+            for _ in range(warmup):
+                pe.run(fetch_list=[loss], feed=feed)
+
+            def timed(cuda_sync):
+                timer = OpTimer()
+                with pe.observe([loss], timer, cuda_sync) as graph:
+                    for s in range(steps):
+                        timer.step = s
+                        pe.run(fetch_list=[loss], feed=feed)
+                per = {}
+                for _, op_id, _, t0, t1 in timer.records:
+                    op = graph.ops[op_id]
+                    if not op.is_collective:  # collectives are modelled, not replayed
+                        per.setdefault(op_key(op), []).append((t1 - t0) / 1e9)
+                return {k: statistics.median(v) for k, v in per.items()}
+
+            first = timed(False)
+            if not place.is_cuda:
+                costs = {k: OpCost(max(0.0, d - readable_extra_s)) for k, d in first.items()}
+                return cls(costs, batch, "cpu", wall=True, threads=threads,
+                           source=f"measured on {place}, {threads} torch threads")
+            device = timed(True)
+            costs = {k: OpCost(max(0.0, device[k] - readable_extra_s),
+                               max(0.0, first[k] - readable_extra_s)) for k in first}
+            return cls(costs, batch, "gpu", source=f"measured on {place}")
+        finally:
+            pe.close()
+
+    # --- estimated ------------------------------------------------------------------------
+    @classmethod
+    def estimate(cls, program, batch, device, low_precision=False, efficiency=None):
+        """A roofline estimate of every op of ``program`` at ``batch`` samples per place.
+
+        ``device`` is a ``ssaexec.sim.cluster.Device``. Convolutions and matrix
+        products run at ``efficiency["flops"]`` of the device's tensor-core rate
+        (TF32, half the bf16 rate, for fp32 programs, as cuDNN does by default; bf16
+        with ``low_precision``), everything else moves its inputs and outputs at
+        ``efficiency["mem"]`` of the memory bandwidth; no kernel is shorter than
+        ``device.kernel_min``. Host times are the cluster's default.
+        """
+        if device.kind != "gpu" or not device.mem_bw:
+            raise SSAExecError(f"Profile.estimate needs a GPU device with peak figures, got "
+                               f"{device.name!r}; measure a profile instead")
+        eff = dict(EFFICIENCY, **(efficiency or {}))
+        peak = device.flops_low if low_precision else device.flops_low / 2
+        peak = peak or device.flops
+        block = program.global_block()
+        costs = {}
+        from ..graph.build import op_reads_writes
+        for op in block.ops:
+            reads, writes = op_reads_writes(program, op)
+            moved = sum(_bytes(block, n, batch) for n in set(reads) | set(writes))
+            flops = _flops(block, op, batch)
+            t = max(flops / (peak * eff["flops"]) if flops else 0.0,
+                    moved / (device.mem_bw * eff["mem"]), device.kernel_min)
+            key = f"{op.type}|{','.join(writes)}"
+            costs[key] = OpCost(t)
+        costs["scale_loss_grad"] = OpCost(device.kernel_min)
+        return cls(costs, batch, "gpu",
+                   source=f"roofline estimate for {device.name} ({eff['flops']:.0%} of "
+                          f"{peak / 1e12:.0f} TFLOP/s, {eff['mem']:.0%} of "
+                          f"{device.mem_bw / 1e12:.2f} TB/s)")
+
+
+def _load(trace):
+    if isinstance(trace, dict):
+        return trace
+    try:
+        with open(trace, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise SSAExecError(f"{trace}: cannot read the trace: {e.strerror or e}") from None
+    except ValueError as e:
+        raise SSAExecError(f"{trace}: not a JSON trace ({e})") from None
+
+
+def _medians(doc):
+    """{op_key: median slice seconds} of place 0's lane (pid 1) and the fetch lane."""
+    per = {}
+    for e in doc.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") in (None, "step"):
+            continue
+        args = e.get("args", {})
+        kind = e.get("cat")
+        if kind == "compute":
+            if e.get("pid") != 1:
+                continue
+            outs = [_VERSION.sub("", o) for o in args.get("outputs", [])]
+            key = f"{args.get('op_type')}|{','.join(outs)}"
+        elif kind == "scale_loss_grad":
+            if e.get("pid") != 1:
+                continue
+            key = kind
+        elif kind == "fetch":
+            key = f"fetch|{args.get('var')}"
+        else:
+            continue  # collectives are modelled, not replayed
+        per.setdefault(key, []).append(float(e.get("dur", 0.0)) / 1e6)
+    if not per:
+        raise SSAExecError("the trace has no op slices on place 0 (is it ssaexec trace output?)")
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _numel(var, batch):
+    if var is None or var.shape is None:
+        return 0
+    return math.prod(batch if d < 0 else d for d in var.shape)
+
+
+def _bytes(block, name, batch):
+    var = block.find_var(name)
+    if var is None:
+        return 0
+    from ..dtypes import torch_dtype
+    return _numel(var, batch) * torch_dtype(var.dtype).itemsize
+
+
+def _shape(block, op, slot, batch):
+    names = op.input(slot) or op.output(slot)
+    var = block.find_var(names[0]) if names else None
+    if var is None or var.shape is None:
+        return None
+    return [batch if d < 0 else d for d in var.shape]
+
+
+def _flops(block, op, batch):
+    """Multiply-add FLOPs of the matrix products and convolutions (0 for the others)."""
+    t = op.type
+    grad = 2 if t.endswith("_grad") else 1
+    base = t[:-5] if t.endswith("_grad") else t
+    if base in ("conv2d", "depthwise_conv2d"):
+        f = _shape(block, op, "Filter", batch)
+        out = _shape(block, op, "Output", batch) or _shape(block, op, "Output@GRAD", batch)
+        if f and out:
+            return 2.0 * math.prod(out) * math.prod(f[1:]) * grad
+    if base in ("mul", "matmul", "matmul_v2", "fc"):
+        x = _shape(block, op, "X", batch)
+        y = _shape(block, op, "Y", batch) or _shape(block, op, "W", batch)
+        if x and y:
+            return 2.0 * math.prod(x) * y[-1] * grad
+    return 0.0
