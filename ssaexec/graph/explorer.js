@@ -281,7 +281,8 @@
       if (!inView(ex, ey, Math.abs(e.x2 - e.x1), Math.abs(e.y2 - e.y1))) continue;
       if (edgeSelected(e)) { hot.push(e); continue; }
       if (showCritical && e.a < N && e.b < N && critEdges.has(e.a * N + e.b)) { crit.push(e); continue; }
-      if (Math.abs(e.y2 - e.y1) > LONG_EDGE && e.a < N && e.b < N) curve(faint, e);
+      // long edges, and edges between a handle and a collapsed group, stay in the background
+      if ((e.a < N) !== (e.b < N) || (Math.abs(e.y2 - e.y1) > LONG_EDGE && e.a < N && e.b < N)) curve(faint, e);
       else curve(e.dummy ? dashed : plain, e);
     }
     ctx.lineWidth = lw;
@@ -705,7 +706,9 @@
   });
 
   // ---------------------------------------------------------------- timeline
-  const TL = { lanes: [], laneOf: null, t0: 0, t1: 1, scale: 1, offset: 0, laneH: 18, top: 18, left: 120 };
+  // lanes (a place and a stream) hold rows: slices that overlap in time (ops of one place run
+  // by several threads) go to separate rows, as Perfetto's thread tracks keep them apart
+  const TL = { lanes: [], row: null, rows: 0, t0: 0, t1: 1, scale: 1, offset: 0, laneH: 18, top: 18, left: 120 };
   function buildTimeline() {
     if (!T) return;
     $("timeline-pane").hidden = false;
@@ -724,13 +727,28 @@
       }
     }
     T.events.forEach((e, k) => TL.lanes[laneIdx.get(keyOf(D.ops[e[0]]))].events.push(k));
+    TL.row = new Int32Array(T.events.length);
+    for (const lane of TL.lanes) {
+      lane.first = TL.rows;
+      const ends = [];
+      lane.events.sort((a, b) => T.events[a][2] - T.events[b][2]);
+      for (const k of lane.events) {
+        const e = T.events[k];
+        let r = ends.findIndex((end) => end <= e[2]);
+        if (r < 0) { r = ends.length; ends.push(0); }
+        ends[r] = e[2] + e[3];
+        TL.row[k] = lane.first + r;
+      }
+      lane.rows = Math.max(1, ends.length);
+      TL.rows += lane.rows;
+    }
     TL.t0 = Math.min(...T.events.map((e) => e[2]));
     TL.t1 = Math.max(...T.events.map((e) => e[2] + e[3]));
     for (const s of T.steps) { TL.t0 = Math.min(TL.t0, s[1]); TL.t1 = Math.max(TL.t1, s[1] + s[2]); }
     $("timeline-title").textContent = "timeline: " + T.events.length + " slices" +
       (T.steps.length ? " in " + T.steps.length + " step(s)" : "") + " · critical path " + fmtUs(T.critical_us);
     const pane = $("timeline-pane");
-    pane.style.height = Math.min(340, Math.max(120, TL.top + TL.lanes.length * TL.laneH + 40)) + "px";
+    pane.style.height = Math.min(340, Math.max(120, TL.top + TL.rows * TL.laneH + 40)) + "px";
     tlFit();
   }
   function tlWidth() { return tlCanvas.width / dpr - TL.left - 8; }
@@ -755,12 +773,12 @@
     const selSlices = [];
     c.save();
     c.beginPath(); c.rect(TL.left, 0, W - TL.left, H); c.clip();
-    TL.lanes.forEach((lane, li) => {
-      const y = TL.top + li * TL.laneH;
+    TL.lanes.forEach((lane) => {
+      const bottom = TL.top + (lane.first + lane.rows) * TL.laneH;
       c.strokeStyle = "#e5e7eb"; c.lineWidth = 1;
-      c.beginPath(); c.moveTo(TL.left, y + TL.laneH); c.lineTo(W, y + TL.laneH); c.stroke();
+      c.beginPath(); c.moveTo(TL.left, bottom); c.lineTo(W, bottom); c.stroke();
       for (const k of lane.events) {
-        const e = T.events[k];
+        const e = T.events[k], y = TL.top + TL.row[k] * TL.laneH;
         const x = tlX(e[2]), w = Math.max(1, e[3] * TL.scale);
         if (x > W || x + w < TL.left) continue;
         c.fillStyle = opFill(e[0]);
@@ -777,17 +795,20 @@
     c.restore();
     c.fillStyle = "#fff"; c.fillRect(0, TL.top, TL.left - 2, H);
     c.fillStyle = "#374151";
-    TL.lanes.forEach((lane, li) => c.fillText(fitText(c, lane.label, TL.left - 8), 4, TL.top + li * TL.laneH + TL.laneH / 2));
+    TL.lanes.forEach((lane) => c.fillText(fitText(c, lane.label, TL.left - 8), 4, TL.top + lane.first * TL.laneH + TL.laneH / 2));
   }
   function tlHit(cx, cy) {
     const r = tlCanvas.getBoundingClientRect();
     const x = cx - r.left, y = cy - r.top;
-    const li = Math.floor((y - TL.top) / TL.laneH);
-    if (li < 0 || li >= TL.lanes.length || x < TL.left) return -1;
+    const row = Math.floor((y - TL.top) / TL.laneH);
+    const li = TL.lanes.findIndex((l) => row >= l.first && row < l.first + l.rows);
+    if (li < 0 || x < TL.left) return -1;
     const t = TL.offset + (x - TL.left) / TL.scale, tol = 2 / TL.scale;
     let best = -1, bestDur = Infinity;
     for (const k of TL.lanes[li].events) {
       const e = T.events[k];
+      if (TL.row[k] !== row) continue;
+      if (t >= e[2] && t <= e[2] + e[3]) return k;          // rows never overlap
       if (t >= e[2] - tol && t <= e[2] + e[3] + tol && e[3] < bestDur) { best = k; bestDur = e[3]; }
     }
     return best;
@@ -923,10 +944,9 @@
       T.events.forEach((e, k) => { if (best < 0 || e[3] > T.events[best][3]) best = k; });
       tlFit();
       const e = T.events[best];
-      const li = TL.lanes.findIndex((l) => l.events.includes(best));
       const r = tlCanvas.getBoundingClientRect();
       selected = -1;
-      click(tlCanvas, r.left + tlX(e[2] + e[3] / 2), r.top + TL.top + li * TL.laneH + TL.laneH / 2);
+      click(tlCanvas, r.left + tlX(e[2] + e[3] / 2), r.top + TL.top + TL.row[best] * TL.laneH + TL.laneH / 2);
       ok("timeline_selects_in_graph", selected === e[0] && !collapsed[D.ops[e[0]].g] &&
          $("details-title").textContent === D.ops[e[0]].n, { op: e[0], selected });
     }
