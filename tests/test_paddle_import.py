@@ -526,6 +526,9 @@ def test_committed_fixtures():
         pytest.skip("no Paddle-written fixtures committed: run "
                     "tests/fixtures/paddle/make_fixtures.py where paddlepaddle is installed")
     _check_fixtures().check_all(data)
+    for name in ("cnn_infer.pdmodel", "cnn.main.pdprog"):
+        status, out, err = _cli("dump", data / name, "--places", "cpu:2")
+        assert status == 0 and "conv2d" in out, err
 
 
 # --- a live Paddle ------------------------------------------------------------------------------
