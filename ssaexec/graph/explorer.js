@@ -60,8 +60,9 @@
   let minDur = 0, maxDur = 0;
   if (T) {
     const pos = T.mean_us.filter((d) => d > 0);
-    minDur = pos.length ? Math.min(...pos) : 0;
-    maxDur = pos.length ? Math.max(...pos) : 0;
+    // reduce, not Math.min(...xs): a spread of a long array overflows the stack
+    minDur = pos.length ? pos.reduce((a, b) => Math.min(a, b)) : 0;
+    maxDur = pos.length ? pos.reduce((a, b) => Math.max(a, b)) : 0;
     durColor = T.mean_us.map((d) => d >= 0 ? heat(d) : "#e5e7eb");
     critical = new Set(T.critical);
     for (let k = 1; k < T.critical.length; k++) critEdges.add(T.critical[k - 1] * N + T.critical[k]);
@@ -742,8 +743,8 @@
       lane.rows = Math.max(1, ends.length);
       TL.rows += lane.rows;
     }
-    TL.t0 = Math.min(...T.events.map((e) => e[2]));
-    TL.t1 = Math.max(...T.events.map((e) => e[2] + e[3]));
+    TL.t0 = T.events.reduce((a, e) => Math.min(a, e[2]), Infinity);
+    TL.t1 = T.events.reduce((a, e) => Math.max(a, e[2] + e[3]), -Infinity);
     for (const s of T.steps) { TL.t0 = Math.min(TL.t0, s[1]); TL.t1 = Math.max(TL.t1, s[1] + s[2]); }
     $("timeline-title").textContent = "timeline: " + T.events.length + " slices" +
       (T.steps.length ? " in " + T.steps.length + " step(s)" : "") + " · critical path " + fmtUs(T.critical_us);
