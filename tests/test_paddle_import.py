@@ -582,3 +582,37 @@ def test_clone_for_test_of_downgrade_dropout_scales():
     assert [op.type for op in test.global_block().ops] == ["scale"]
     y, = exe.run(test, feed={"x": x}, fetch_list=["y"], scope=se.Scope())
     torch.testing.assert_close(y, x * 0.75)
+
+
+@pytest.mark.parametrize("op, attrs, expect", [
+    ("conv2d", {"padding_algorithm": "SAME", "paddings": [0, 0]},
+     lambda x, w: torch.nn.functional.conv2d(x, w, padding=1)),
+    ("conv2d", {"padding_algorithm": "VALID", "paddings": [3, 3]},
+     lambda x, w: torch.nn.functional.conv2d(x, w)),
+    ("conv2d", {"paddings": [1, 1, 2, 2], "strides": [2, 2]},
+     lambda x, w: torch.nn.functional.conv2d(x, w, stride=2, padding=(1, 2))),
+    ("depthwise_conv2d", {"groups": 2, "paddings": [1, 1]},
+     lambda x, w: torch.nn.functional.conv2d(x, w[:, :1], padding=1, groups=2)),
+    ("pool2d", {"pooling_type": "avg", "adaptive": True, "ksize": [1, 1]},
+     lambda x, w: x.mean(dim=(2, 3), keepdim=True)),
+    ("pool2d", {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2],
+                "paddings": [1, 1, 1, 1]},
+     lambda x, w: torch.nn.functional.max_pool2d(x, 3, 2, 1)),
+])
+def test_padding_conventions(op, attrs, expect):
+    b = pm.ProgramBuilder()
+    b.var("x", [-1, 2, 5, 5], need_check_feed=True)
+    w_shape = [2, 1, 3, 3] if op == "depthwise_conv2d" else [2, 2, 3, 3]
+    b.var("w", w_shape, persistable=True)
+    b.var("o", [-1, 2, -1, -1])
+    if op == "pool2d":
+        b.op(op, {"X": ["x"]}, {"Out": ["o"]}, attrs)
+    else:
+        b.op(op, {"Input": ["x"], "Filter": ["w"]}, {"Output": ["o"]}, attrs)
+    main = sp.convert_program(sp.decode_program(b.bytes()), validate=False).program
+    x, w = torch.randn(3, 2, 5, 5), torch.randn(*w_shape)
+    scope = se.Scope()
+    scope.set_var("w", w)
+    out, = se.Executor(se.CPUPlace()).run(main, feed={"x": x}, fetch_list=["o"], scope=scope)
+    ref_w = w if op != "depthwise_conv2d" else torch.cat([w, w], 1)
+    torch.testing.assert_close(out, expect(x, ref_w))
