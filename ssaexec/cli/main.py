@@ -17,13 +17,14 @@ import argparse
 import os
 import sys
 
-from . import bench, convert, dump, run, stats, trace, viz
+from . import bench, convert, dump, run, simulate, stats, trace, viz
 from .common import (EXIT_FAILURE, EXIT_INTERRUPT, EXIT_OK, EXIT_USAGE, Formatter, UsageError,
                      common_options)
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = (dump, viz, stats, run, trace, convert, bench)  # in the order --help lists them
+# in the order --help lists them
+COMMANDS = (dump, viz, stats, run, trace, convert, bench, simulate)
 
 EPILOG = """\
 examples:
@@ -33,6 +34,7 @@ examples:
   ssaexec run examples/mnist_mlp.json --places cpu:2 --steps 20 --batch 64
   ssaexec trace examples/small_resnet.json -o trace.json --steps 3
   ssaexec convert examples/seed_mlp.json seed_mlp.ssa
+  ssaexec simulate examples/small_resnet.json --gpus 1,8,64 --cluster dgx-h100
 
 Program files: .json (JSON form) or .ssa/.txt/.prog (text form). run and trace
 take initial values from STEM.startup.EXT next to the program when it exists.
