@@ -264,3 +264,39 @@ def test_roofline_estimate_counts_convolutions():
         return sum(c.device_s for k, c in p.costs.items() if k.startswith("conv2d_grad|"))
     assert convs(big) > 3 * convs(small)  # 4x the work, a few kernels at the floor
     assert all(c.device_s >= dev.kernel_min for c in small.costs.values())
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def test_cli_simulate_prints_a_table_and_writes_a_plot(tmp_path, capsys):
+    from ssaexec.cli import main
+    plot = tmp_path / "scaling.png"
+    assert main(["simulate", "examples/small_resnet.json", "--gpus", "1,8,64",
+                 "--cluster", "dgx-h100", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "best configuration" in out and "images/sec by layout" in out
+    for n in ("1", "8", "64"):
+        assert any(line.split()[:1] == [n] for line in out.splitlines())
+    assert "critical path at 64 GPUs" in out
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_simulate_json_and_sweep(tmp_path, capsys):
+    import json
+    from ssaexec.cli import main
+    assert main(["simulate", "examples/mnist_mlp.json", "--gpus", "1,16", "--cluster", "pcie",
+                 "--layout", "process-per-gpu", "--cuda-graph", "off", "--sweep", "bucket-mb",
+                 "--bucket-sizes", "1,25", "--json", "--no-plot"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["gpus"] for p in doc["predictions"]] == [1, 16]
+    assert doc["best"]["16"]["efficiency"] <= 1.0
+    assert [r["bucket_mb"] for r in doc["bucket_sweep"]["16"]] == [None, 1, 25]
+    assert doc["plot"] is None and doc["cluster"]["name"] == "pcie"
+
+
+def test_cli_simulate_errors(capsys):
+    from ssaexec.cli import main
+    assert main(["simulate", "examples/mnist_mlp.json", "--cluster", "nope", "--no-plot"]) == 2
+    assert "unknown cluster" in capsys.readouterr().err
+    assert main(["simulate", "examples/mnist_mlp.json", "--gpus", "0,2", "--no-plot"]) == 2
+    assert "--gpus" in capsys.readouterr().err

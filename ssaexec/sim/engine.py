@@ -41,6 +41,7 @@ time split by category (device, host, gil, comm, hop) says what bounds the step.
 """
 
 import heapq
+import weakref
 from collections import deque
 
 from ..dtypes import torch_dtype
@@ -121,21 +122,31 @@ def wire_bytes(handle, program):
 
 
 class _Node:
-    __slots__ = ("id", "handles", "is_comm", "producers", "succ", "pending")
+    __slots__ = ("id", "handles", "is_comm", "producers", "succ")
 
     def __init__(self, id, handles, is_comm, producers):
         self.id, self.handles, self.is_comm = id, handles, is_comm
         self.producers = sorted(set(producers))
         self.succ = ()
-        self.pending = len(self.producers)
+
+
+_NODES = weakref.WeakKeyDictionary()  # graph -> {(compiled, noop): nodes}
 
 
 def node_graph(graph, compiled=True, noop_collectives=False):
     """The nodes the scheduler runs: compiled segments or one per op handle.
 
     The compiled form adds the alias order edges to ``graph`` (as the compiled runner
-    does when it is built).
+    does when it is built). Cached per graph: a replay only reads them.
     """
+    cache = _NODES.setdefault(graph, {})
+    key = (compiled, noop_collectives)
+    if key not in cache:
+        cache[key] = _node_graph(graph, compiled, noop_collectives)
+    return cache[key]
+
+
+def _node_graph(graph, compiled, noop_collectives):
     if compiled:
         from ..graph.aliasing import plan_aliasing
         from ..runtime.compiled import Segment, partition
@@ -231,6 +242,7 @@ class _Replay:
         self.proc_cluster = cluster.replace(gpus_per_node=self.procs_per_node)
         self.nodes = node_graph(graph, compiled, noop_collectives=self.P == 1 and
                                 processes == 1)
+        self.pending = [len(n.producers) for n in self.nodes]
         self.num_threads = 1 if inline else (threads or min(8, self.P + 1))
         self.inline = bool(inline) or self.num_threads == 1
         self.dev_end = {}   # handle id -> (time, activity) its device work ends
@@ -511,10 +523,10 @@ class _Replay:
 
     def finished(self, thread, node):
         ready = []
+        pending = self.pending
         for j in node.succ:
-            n = self.nodes[j]
-            n.pending -= 1
-            if n.pending == 0:
+            pending[j] -= 1
+            if pending[j] == 0:
                 ready.append(j)
         if self.inline:
             self.stack.extend(reversed(ready))
@@ -552,7 +564,7 @@ class _Replay:
             t = self.host_work(caller, self.host.step_s * self.P, "step (feeds, fetches)",
                                gil_fraction=1.0)
         self.now = t
-        roots = sorted((n.id for n in self.nodes if n.pending == 0),
+        roots = sorted((n.id for n in self.nodes if not n.producers),
                        key=lambda j: not self.nodes[j].is_comm)
         if self.inline:
             self.stack = list(reversed(roots))
@@ -574,7 +586,7 @@ class _Replay:
                 self.finished(thread, thread.node)
                 continue
             self.at(max(nxt, t), thread)
-        left = [n.id for n in self.nodes if n.pending > 0]
+        left = [j for j, c in enumerate(self.pending) if c > 0]
         if left:
             raise RuntimeError(f"simulation stalled with {len(left)} nodes never ready")
         ends = [(a.end, a) for a in self.acts]

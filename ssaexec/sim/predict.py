@@ -90,12 +90,29 @@ def layout_of(cluster, ranks, layout):
     return p, math.ceil(ranks / p)
 
 
+_GRAPHS = {}  # (program id and version, places, cross-process, strategy, fetch) -> graph
+_GRAPH_CACHE = 64
+
+
 def build_graph(program, cluster, places, processes, build_strategy=None, fetch=None):
-    """The SSA graph of one process with ``places`` places out of ``processes``."""
+    """The SSA graph of one process with ``places`` places out of ``processes``.
+
+    Graphs are cached: the number of processes changes a graph only through whether
+    all-reduces cross processes (``AllReduceWaitOpHandle``s), so one graph serves
+    every count above one.
+    """
     bs = copy.copy(build_strategy or BuildStrategy())
     bs.num_trainers, bs.trainer_id = processes, 0
     bs.debug_graphviz_path = None
-    return build_ssa_graph(program, _places(cluster, places), bs, fetch)
+    key = (id(program), program._version, cluster.device.kind, places, processes > 1,
+           tuple(v for k, v in zip(bs.__slots__, bs.key(), strict=True)
+                 if k not in ("num_trainers", "trainer_id")), tuple(fetch or ()))
+    graph = _GRAPHS.get(key)
+    if graph is None or graph.program is not program:
+        if len(_GRAPHS) >= _GRAPH_CACHE:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
+        graph = _GRAPHS[key] = build_ssa_graph(program, _places(cluster, places), bs, fetch)
+    return graph
 
 
 def _fetch(program):
