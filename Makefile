@@ -78,6 +78,10 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py
 
+# the scaling simulator against measured CPU runs (docs/simulator.md): ~2 min
+validate-sim: $(STAMP)
+	$(BIN)/python bench/validate_sim.py
+
 # The program-file fuzzer (tests/test_fuzz.py, docs/security.md) with a long budget;
 # `make test` runs it with 60 cases. It prints the number of cases tried.
 FUZZ_EXAMPLES ?= 5000
