@@ -80,10 +80,9 @@ def measure_places(main, startup, loss, places, batch, warmup, steps):
                              distributed=False)
     try:
         times = _steps(pe, loss, synthetic_feed(main, batch * places), warmup, steps)
-        inline = [r.inline for r in pe._runners.values()]
     finally:
         pe.close()
-    return statistics.median(times), times, inline
+    return statistics.median(times), times
 
 
 # --- the 2-process run ---------------------------------------------------------------------
@@ -166,15 +165,15 @@ def one_round(args, main, startup, loss, k):
     for name, n, layout, threads in CONFIGS:
         pred = sim.predict(main, profiles[threads], cluster, n, layout)
         if layout == "process-per-gpu":
-            meas, times, inline = statistics.median(two_proc), two_proc, None
+            meas, times = statistics.median(two_proc), two_proc
         else:
-            meas, times, inline = measure_places(main, startup, loss, n, args.batch,
-                                                 args.warmup, args.steps)
+            meas, times = measure_places(main, startup, loss, n, args.batch, args.warmup,
+                                         args.steps)
         rows.append({"config": name, "ranks": n, "layout": layout,
                      "predicted_ms": pred.step_s * 1e3, "measured_ms": meas * 1e3,
                      "error": pred.step_s / meas - 1, "measured_steps_ms":
-                     [t * 1e3 for t in times], "measured_inline": inline,
-                     "predicted_inline": pred.result.inline, "bound_by": pred.bound_by(),
+                     [t * 1e3 for t in times], "predicted_inline": pred.result.inline,
+                     "bound_by": pred.bound_by(),
                      "critical_path_ms": {c: v * 1e3 for c, v in
                                           pred.result.critical_summary().items()},
                      "notes": pred.notes})

@@ -43,4 +43,7 @@ def __getattr__(name):
     if name in ("save_program", "load_program"):
         from .program import io
         return getattr(io, name)
+    if name == "simulate":  # the scaling simulator (ssaexec.sim, docs/simulator.md)
+        from .sim import simulate
+        return simulate
     raise AttributeError(f"module 'ssaexec' has no attribute {name!r}")

@@ -90,28 +90,25 @@ def layout_of(cluster, ranks, layout):
     return p, math.ceil(ranks / p)
 
 
-_GRAPHS = {}  # (program id and version, places, cross-process, strategy, fetch) -> graph
-_GRAPH_CACHE = 64
-
-
-def build_graph(program, cluster, places, processes, build_strategy=None, fetch=None):
+def build_graph(program, cluster, places, processes, build_strategy=None, fetch=None,
+                cache=None):
     """The SSA graph of one process with ``places`` places out of ``processes``.
 
-    Graphs are cached: the number of processes changes a graph only through whether
-    all-reduces cross processes (``AllReduceWaitOpHandle``s), so one graph serves
-    every count above one.
+    ``cache`` (a dict, for the predictions of one unchanged program) keeps graphs: the
+    number of processes changes a graph only through whether all-reduces cross
+    processes (``AllReduceWaitOpHandle``s), so one graph serves every count above one.
     """
     bs = copy.copy(build_strategy or BuildStrategy())
     bs.num_trainers, bs.trainer_id = processes, 0
     bs.debug_graphviz_path = None
-    key = (id(program), program._version, cluster.device.kind, places, processes > 1,
+    key = (id(program), cluster.device.kind, places, processes > 1,
            tuple(v for k, v in zip(bs.__slots__, bs.key(), strict=True)
                  if k not in ("num_trainers", "trainer_id")), tuple(fetch or ()))
-    graph = _GRAPHS.get(key)
-    if graph is None or graph.program is not program:
-        if len(_GRAPHS) >= _GRAPH_CACHE:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
-        graph = _GRAPHS[key] = build_ssa_graph(program, _places(cluster, places), bs, fetch)
+    graph = cache.get(key) if cache is not None else None
+    if graph is None:
+        graph = build_ssa_graph(program, _places(cluster, places), bs, fetch)
+        if cache is not None:
+            cache[key] = graph
     return graph
 
 
@@ -121,8 +118,8 @@ def _fetch(program):
     return [loss] if loss else None
 
 
-def _step(program, profile, cluster, places, processes, bs, comm=True, **kw):
-    graph = build_graph(program, cluster, places, processes, bs, _fetch(program))
+def _step(program, profile, cluster, places, processes, bs, comm=True, cache=None, **kw):
+    graph = build_graph(program, cluster, places, processes, bs, _fetch(program), cache)
     return simulate_step(graph, profile, cluster, processes=processes, comm=comm, **kw)
 
 
@@ -140,20 +137,26 @@ def _best_threading(program, profile, cluster, places, processes, bs, inline, **
 
 def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_strategy=None,
             cuda_graph=False, compiled=True, algorithm="auto", threads=None, inline=None,
-            exposed=True):
+            exposed=True, cache=None):
     """Predict one configuration (see the module docstring); returns a ``Prediction``.
 
     ``inline=None`` picks the faster of the pool and the caller's thread where the
-    executor does (several CPU places in one process).
+    executor does (several CPU places in one process). ``cache``: a dict shared by the
+    predictions of one unchanged program (graphs are built once).
     """
     places, processes = layout_of(cluster, ranks, layout)
     bs = build_strategy or BuildStrategy()
     k = bs.gradient_accumulation_steps
-    kw = dict(compiled=compiled, cuda_graph=cuda_graph, algorithm=algorithm, threads=threads)
+    kw = dict(compiled=compiled, cuda_graph=cuda_graph, algorithm=algorithm, threads=threads,
+              cache={} if cache is None else cache)
     notes = []
     if k > 1:
         from ..program.accumulate import accumulation_programs
-        acc_prog, apply_prog = accumulation_programs(program)
+        # kept in the cache: its graphs are keyed by the programs' ids
+        key = ("accumulation", id(program))
+        if key not in kw["cache"]:
+            kw["cache"][key] = accumulation_programs(program)
+        acc_prog, apply_prog = kw["cache"][key]
         apply = _best_threading(apply_prog, profile, cluster, places, processes, bs, inline,
                                 **kw)
         acc = _best_threading(acc_prog, profile, cluster, places, processes, bs, inline, **kw)
@@ -201,6 +204,7 @@ def scaling(program, profile, cluster, gpus, layouts=LAYOUTS, cuda_graphs=(False
     """
     out = []
     base = {}
+    kw.setdefault("cache", {})
     cuda_graphs = cuda_graphs if cluster.device.kind == "gpu" else (False,)
     for n in gpus:
         for layout in layouts:
@@ -222,6 +226,7 @@ def sweep_bucket_mb(program, profile, cluster, ranks, sizes=(1, 4, 16, 25, 64, 2
     one without fusion (``bucket_mb`` None); returns ``[(bucket_mb, Prediction)]``."""
     base = build_strategy or BuildStrategy()
     out = []
+    kw.setdefault("cache", {})
     for mb in (None,) + tuple(sizes):
         bs = copy.copy(base)
         bs.fuse_all_reduce_ops = mb is not None
