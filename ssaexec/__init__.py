@@ -34,7 +34,7 @@ __all__ = [
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
     "DataLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
-    "save_checkpoint", "load_checkpoint",
+    "save_checkpoint", "load_checkpoint", "simulate",
 ]
 
 
