@@ -224,7 +224,9 @@ class Profile:
 
             first = timed(False)
             if not place.is_cuda:
-                costs = {k: OpCost(max(0.0, d - readable_extra_s)) for k, d in first.items()}
+                copies = _alias_copies(pe.graph([loss]), batch)
+                costs = {k: OpCost(max(0.0, d - readable_extra_s - copies.get(k, 0.0)))
+                         for k, d in first.items()}
                 return cls(costs, batch, "cpu", wall=True, threads=threads,
                            source=f"measured on {place}, {threads} torch threads")
             device = timed(True)
@@ -268,6 +270,50 @@ class Profile:
                    source=f"roofline estimate for {device.name} ({eff['flops']:.0%} of "
                           f"{peak / 1e12:.0f} TFLOP/s, {eff['mem']:.0%} of "
                           f"{device.mem_bw / 1e12:.2f} TB/s)")
+
+
+def _alias_copies(graph, batch, repeats=5):
+    """{op_key: seconds of the copies the readable path makes of results that alias an
+    input} for the ops of place 0 that may alias (``OpDef.may_alias``): a result with
+    as many elements as one of the op's gradient inputs is taken to be that input
+    handed back (a linear op's vjp), which the compiled path does not copy; each copy
+    is timed here, on a tensor of that size."""
+    import time
+
+    import torch
+
+    from ..ops.registry import get_op_def
+    block = graph.program.global_block()
+    timed = {}
+
+    def copy_s(numel):
+        if numel not in timed:
+            t = torch.empty(numel)
+            t.clone()
+            runs = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                t.clone()
+                runs.append(time.perf_counter() - t0)
+            timed[numel] = statistics.median(runs)
+        return timed[numel]
+
+    out = {}
+    for h in graph.ops:
+        if not isinstance(h, ComputationOpHandle) or h.place_idx != 0 or \
+                not get_op_def(h.op.type).may_alias:
+            continue
+        grads = {_numel(block.find_var(n), batch) for slot, names in h.op.inputs.items()
+                 if slot.endswith("@GRAD") for n in names}
+        total = 0.0
+        for v in h.outputs:
+            if not v.is_dummy:
+                n = _numel(block.find_var(v.name), batch)
+                if n and n in grads:
+                    total += copy_s(n)
+        if total:
+            out[op_key(h)] = total
+    return out
 
 
 def _load(trace):
