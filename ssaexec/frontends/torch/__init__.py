@@ -62,7 +62,7 @@ import torch
 from ...errors import ProgramError
 from ...program.builder import program_guard
 from ...program.desc import Program, grad_var_name, register_test_rewrite
-from .capture import capture_forward, capture_joint, check_inputs
+from .capture import capture_forward, capture_joint, check_inputs, symbolic_dims
 from .evalmode import inference_program, to_inference
 from .lower import LOSS_NAME, OUTPUT_NAME, Lowering
 from .writeback import write_back
@@ -73,8 +73,8 @@ __all__ = ["from_torch", "from_torch_eval", "inference_program", "write_back", "
 register_test_rewrite(to_inference)
 
 
-def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatched=(),
-               random_seed=0, validate=True, for_test=False):
+def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, output=None,
+               dynamic=None, unbatched=(), random_seed=0, validate=True, for_test=False):
     """Capture ``module``'s forward and backward and return a training program
     (``for_test=True``: its eval-mode forward, an evaluation program).
 
@@ -89,10 +89,22 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
         non-batch dimensions. The batch (dimension 0) must be at least 2.
     loss_fn : callable, optional
         ``loss_fn(output, target) -> scalar``. Without it the forward must
-        return the scalar loss itself.
+        return the scalar loss itself, or a ``dict`` / transformers
+        ``ModelOutput`` holding it as ``"loss"`` (the model's own loss, e.g.
+        given ``labels``).
     optimizer : ssaexec.optimizer.Optimizer, optional
         Its update ops are appended; without one the program stops at the
         gradients ``<param>@GRAD``.
+    output : str, int or callable, optional
+        What of the forward's result the loss is (without ``loss_fn``), what
+        ``loss_fn`` reads, or (``for_test=True``) what the program returns: a
+        key or attribute (``"logits"`` of a ``ModelOutput``), an index, or a
+        callable applied to the result.
+    dynamic : dict of str -> dict of int -> str, optional
+        Dimensions besides the batch that the program keeps symbolic, by name:
+        ``{"input_ids": {1: "seq"}, "attention_mask": {1: "seq"}}``. One name
+        is one size (dimensions of one name must be equal in every feed); one
+        program then runs any such size (at least 2 in the example).
     unbatched : iterable of str
         Inputs without a batch dimension (copied whole to every place).
     random_seed : int
@@ -133,10 +145,12 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
             raise ProgramError(f"from_torch(for_test=True) imports the forward alone: pass no "
                                f"{' and no '.join(given)} (and no 'target' input); fetch the "
                                "returned output var and compute metrics from it")
-        return _import_eval(module, example_inputs, unbatched, random_seed, validate)
+        return _import_eval(module, example_inputs, unbatched, random_seed, validate, output,
+                            dynamic)
     inputs = check_inputs(module, example_inputs, loss_fn, unbatched)
     batched = [n for n in inputs if n not in set(unbatched)]
-    joint = capture_joint(module, inputs, loss_fn, batched)
+    dims = symbolic_dims(inputs, batched, dynamic)
+    joint = capture_joint(module, inputs, loss_fn, dims, output)
     main, startup = Program(random_seed), Program(random_seed)
     lowering = Lowering(joint, inputs, main, startup)
     lowering.run()
@@ -155,19 +169,22 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, unbatche
     return main, startup, LOSS_NAME
 
 
-def from_torch_eval(module, example_inputs, *, unbatched=(), random_seed=0, validate=True):
+def from_torch_eval(module, example_inputs, *, output=None, dynamic=None, unbatched=(),
+                    random_seed=0, validate=True):
     """``from_torch(module, example_inputs, for_test=True, ...)``: an evaluation program.
 
     Returns ``(main_program, startup_program, output_name)``; see ``from_torch``.
     """
-    return from_torch(module, example_inputs, unbatched=unbatched, random_seed=random_seed,
-                      validate=validate, for_test=True)
+    return from_torch(module, example_inputs, output=output, dynamic=dynamic,
+                      unbatched=unbatched, random_seed=random_seed, validate=validate,
+                      for_test=True)
 
 
-def _import_eval(module, example_inputs, unbatched, random_seed, validate):
+def _import_eval(module, example_inputs, unbatched, random_seed, validate, output, dynamic):
     inputs = check_inputs(module, example_inputs, None, unbatched)
     batched = [n for n in inputs if n not in set(unbatched)]
-    joint = capture_forward(module, inputs, batched)
+    dims = symbolic_dims(inputs, batched, dynamic)
+    joint = capture_forward(module, inputs, dims, output)
     main, startup = Program(random_seed), Program(random_seed)
     lowering = Lowering(joint, inputs, main, startup, constants_in_main=True)
     lowering.run()

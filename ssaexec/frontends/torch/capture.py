@@ -33,6 +33,7 @@ Invariants of a ``Joint``:
 * no input or parameter is mutated in place and no op has side effects.
 """
 
+import collections.abc
 import inspect
 
 import torch
@@ -41,12 +42,24 @@ from ...dtypes import DTYPES
 from ...errors import ProgramError
 from .locate import capture_error, locate_mutation
 
-__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "check_inputs", "capture_joint",
-           "capture_forward", "op_type", "strip_wrapped"]
+__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "BATCH", "RENAMES", "ASSERTS", "check_inputs",
+           "symbolic_dims", "select_output", "capture_joint", "capture_forward", "op_type",
+           "strip_wrapped"]
+
+# the name of the batch dimension (dimension 0 of every batched input) among the
+# dimension names of ``dynamic=``; user names cannot start with "@"
+BATCH = "@batch"
 
 # LossWrapper holds the user's module as ``module``, so its state names start so
 _PREFIX = "module."
 _SEEDS = frozenset({"aten.ones_like.default", "aten.full_like.default"})
+# ops the lowering drops or turns into renames (it never emits them), so never decomposed
+RENAMES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
+                     "aten.lift_fresh_copy.default"})
+ASSERTS = frozenset({"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
+                     "aten.sym_constrain_range_for_size.default",
+                     "aten.sym_constrain_range.default", "aten._assert_async.msg",
+                     "aten._assert_async.default"})
 
 
 def strip_wrapped(name):
@@ -90,27 +103,125 @@ def check_inputs(module, example_inputs, loss_fn, unbatched):
     return dict(example_inputs)
 
 
+def symbolic_dims(inputs, batched, dynamic):
+    """``{input: {dim: name}}``: the dimensions traced as symbols, by name.
+
+    Dimension 0 of every input in ``batched`` is ``BATCH``; ``dynamic`` (``{input:
+    {dim: name}}``, from ``from_torch``) names others. Dimensions of one name are
+    one symbol, so they must have one size in the example.
+    """
+    dims = {name: {0: BATCH} for name in batched}
+    if dynamic is None:
+        dynamic = {}
+    if not isinstance(dynamic, dict):
+        raise ProgramError("from_torch: dynamic= must be a dict {input name: {dimension: "
+                           f"name}}, e.g. {{'input_ids': {{1: 'seq'}}}}; got "
+                           f"{type(dynamic).__name__}")
+    for name, named in dynamic.items():
+        if name not in inputs:
+            raise ProgramError(f"from_torch: dynamic= names input {name!r}, which is not an "
+                               f"example input ({sorted(inputs)})")
+        if not isinstance(named, dict):
+            raise ProgramError(f"from_torch: dynamic[{name!r}] must be a dict {{dimension: "
+                               f"name}}, e.g. {{1: 'seq'}}; got {type(named).__name__}")
+        t = inputs[name]
+        for d, label in named.items():
+            if isinstance(d, bool) or not isinstance(d, int) or not -t.dim() <= d < t.dim():
+                raise ProgramError(f"from_torch: dynamic[{name!r}] names dimension {d!r}, but "
+                                   f"the example input has shape {list(t.shape)}")
+            d %= t.dim()
+            if not isinstance(label, str) or not label or label.startswith("@"):
+                raise ProgramError(f"from_torch: dynamic[{name!r}][{d}] must be a name such as "
+                                   f"'seq', got {label!r}")
+            if dims.get(name, {}).get(d) == BATCH:
+                raise ProgramError(f"from_torch: dimension 0 of {name!r} is the batch, which is "
+                                   "dynamic already; name other dimensions in dynamic= (or "
+                                   f"name {name!r} in unbatched= to name its dimension 0)")
+            if t.shape[d] < 2:
+                raise ProgramError(
+                    f"from_torch: dimension {d} ({label!r}) of example input {name!r} has size "
+                    f"{t.shape[d]}; a dynamic dimension must be at least 2 in the example (sizes "
+                    "0 and 1 would be traced as constants)")
+            dims.setdefault(name, {})[d] = label
+    sizes = {}
+    for name, named in dims.items():
+        for d, label in named.items():
+            size = inputs[name].shape[d]
+            seen = sizes.setdefault(label, (name, d, size))
+            if seen[2] != size:
+                what = "the batch" if label == BATCH else repr(label)
+                raise ProgramError(
+                    f"from_torch: dimension {seen[1]} of {seen[0]!r} and dimension {d} of "
+                    f"{name!r} are both {what} but have sizes {seen[2]} and {size} in the "
+                    "example inputs")
+    return dims
+
+
+def select_output(out, output, module):
+    """What the forward's result ``out`` hands on: ``output`` picks it.
+
+    ``output`` is None (the result itself), a key or attribute name
+    (``"logits"`` of a ``dict`` or a transformers ``ModelOutput``), an index (of a
+    tuple or list), or a callable applied to the result.
+    """
+    if output is None:
+        return out
+    if callable(output):
+        return output(out)
+    if isinstance(out, collections.abc.Mapping):
+        if output in out:
+            return out[output]
+    elif isinstance(output, int) and not isinstance(output, bool) \
+            and isinstance(out, (tuple, list)) and -len(out) <= output < len(out):
+        return out[output]
+    elif isinstance(output, str) and isinstance(getattr(out, output, None), torch.Tensor):
+        return getattr(out, output)
+    raise ProgramError(f"from_torch: output={output!r} picks nothing from the "
+                       f"{_describe_result(out)} the forward of {type(module).__name__} returns")
+
+
+def _describe_result(out):
+    if isinstance(out, collections.abc.Mapping):
+        return f"{type(out).__name__} with keys {list(out)}"
+    if isinstance(out, (tuple, list)):
+        return f"{type(out).__name__} of {len(out)}"
+    return type(out).__name__
+
+
 class LossWrapper(torch.nn.Module):
     """The traced root: calls the module by keyword and returns ``(loss,)``.
 
     ``module`` is the user's module, ``names`` the input names in
-    order and ``loss_fn`` the loss function or None.
+    order, ``loss_fn`` the loss function or None and ``output`` what of the
+    forward's result the loss is or ``loss_fn`` reads (``select_output``).
     """
 
-    def __init__(self, module, names, loss_fn):
+    def __init__(self, module, names, loss_fn, output=None):
         super().__init__()
         self.module = module
         self.names = list(names)
         self.loss_fn = loss_fn
+        self.output = output
 
     def around(self, module):
         """A wrapper with the same inputs and loss around ``module`` (a copy, say)."""
-        return LossWrapper(module, self.names, self.loss_fn)
+        return LossWrapper(module, self.names, self.loss_fn, self.output)
 
     def forward(self, *tensors):
         kw = dict(zip(self.names, tensors, strict=True))
         target = kw.pop("target") if self.loss_fn is not None else None
         out = self.module(**kw)
+        if self.loss_fn is None and self.output is None \
+                and isinstance(out, collections.abc.Mapping):
+            # a dict or transformers' ModelOutput: the model's own loss (given labels)
+            if "loss" not in out or not isinstance(out["loss"], torch.Tensor):
+                raise ProgramError(
+                    f"from_torch: the forward of {type(self.module).__name__} returns a "
+                    f"{_describe_result(out)} and no 'loss': feed what makes the model compute "
+                    "its loss (e.g. 'labels'), or pass loss_fn=... with a 'target' input and "
+                    "output='logits'")
+            out = out["loss"]
+        out = select_output(out, self.output, self.module)
         loss = self.loss_fn(out, target) if self.loss_fn is not None else out
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             what = type(loss).__name__ if not isinstance(loss, torch.Tensor) else \
@@ -130,24 +241,29 @@ class ForwardWrapper(torch.nn.Module):
     mode, as the capture saw the module.
     """
 
-    def __init__(self, module, names):
+    def __init__(self, module, names, output=None):
         super().__init__()
         self.module = module
         self.names = list(names)
+        self.output = output
 
     def around(self, module):
         """A wrapper with the same inputs around ``module`` (a copy), in eval mode."""
-        return ForwardWrapper(module.eval(), self.names)
+        return ForwardWrapper(module.eval(), self.names, self.output)
 
     def forward(self, *tensors):
         out = self.module(**dict(zip(self.names, tensors, strict=True)))
+        out = select_output(out, self.output, self.module)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
-            kinds = [type(t).__name__ for t in outs] if isinstance(out, (tuple, list)) \
+            kinds = _describe_result(out) if isinstance(out, collections.abc.Mapping) else \
+                [type(t).__name__ for t in outs] if isinstance(out, (tuple, list)) \
                 else type(out).__name__
             raise ProgramError(
                 f"from_torch(for_test=True): the forward of {type(self.module).__name__} must "
-                f"return a tensor or a tuple or list of tensors, got {kinds}")
+                f"return a tensor or a tuple or list of tensors, got {kinds}"
+                + ("; pass output='logits' (a key, an index or a callable) to pick what the "
+                   "program returns" if self.output is None else ""))
         return tuple(outs)
 
 
@@ -167,19 +283,23 @@ class Joint:
                  "seed", "grads", "mutations", "symbols", "expr", "wrapper", "outputs")
 
 
-def capture_joint(module, inputs, loss_fn, batched):
+def capture_joint(module, inputs, loss_fn, dims, output=None):
     """Trace ``loss_fn(module(**inputs), target)`` forward and backward into one ATen graph.
 
     Uses ``torch._functorch.aot_autograd.aot_export_module(trace_joint=True)``
-    on fake tensors whose batch dimension is a symbol (``FakeTensorMode`` with a
-    ``ShapeEnv``). Parameters and buffers are swapped for fake copies while
-    tracing (and always restored), so nothing real is computed or changed.
-    Tested with torch 2.13 and 2.14 (see docs/torch_frontend.md).
+    on fake tensors whose dimensions named in ``dims`` (``symbolic_dims``: the
+    batch and ``dynamic=``) are symbols (``FakeTensorMode`` with a ``ShapeEnv``),
+    in the state ``torch.export`` traces in (``torch.compiler.is_exporting()``
+    is true), so model code takes its traceable branches. Parameters and buffers
+    are swapped for fake copies while tracing (and always restored), so nothing
+    real is computed or changed. ``output`` picks the loss (or what ``loss_fn``
+    reads) from the forward's result (``select_output``). Tested with torch 2.13
+    and 2.14 (see docs/torch_frontend.md).
     """
     _refuse_cumulative_batch_norm(module)
-    wrapper = LossWrapper(module, list(inputs), loss_fn)
-    gm, sig = _export(wrapper, inputs, batched, trace_joint=True)
-    joint, nodes = _joint(module, wrapper, gm, sig, inputs, batched)
+    wrapper = LossWrapper(module, list(inputs), loss_fn, output)
+    gm, sig = _export(wrapper, inputs, dims, trace_joint=True)
+    joint, nodes = _joint(module, wrapper, gm, sig, inputs, dims)
     joint.loss = nodes[sig.user_outputs[0]]
     joint.outputs = []
     bwd = sig.backward_signature
@@ -193,24 +313,25 @@ def capture_joint(module, inputs, loss_fn, batched):
     return joint
 
 
-def capture_forward(module, inputs, batched):
+def capture_forward(module, inputs, dims, output=None):
     """Trace ``module(**inputs)`` in eval mode, forward only, into one ATen graph.
 
     ``module.eval()`` holds while tracing (batch norm reads its running
     statistics, dropout is off) and every submodule's ``training`` flag is
     restored afterwards. Same export as ``capture_joint`` with
     ``trace_joint=False``; the ``Joint`` has no loss, seed or gradients, and
-    ``outputs`` are the nodes of the forward's results in order.
+    ``outputs`` are the nodes of the forward's results in order (``output``
+    picks them from the forward's result).
     """
-    wrapper = ForwardWrapper(module, list(inputs))
+    wrapper = ForwardWrapper(module, list(inputs), output)
     flags = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        gm, sig = _export(wrapper, inputs, batched, trace_joint=False)
+        gm, sig = _export(wrapper, inputs, dims, trace_joint=False)
     finally:
         for m, training in flags:
             m.training = training
-    joint, nodes = _joint(module, wrapper, gm, sig, inputs, batched)
+    joint, nodes = _joint(module, wrapper, gm, sig, inputs, dims)
     joint.loss = joint.seed = None
     joint.grads = []
     joint.outputs = [nodes[n] if isinstance(n, str) else n for n in sig.user_outputs]
@@ -232,8 +353,9 @@ def _refuse_cumulative_batch_norm(module):
                 "momentum (e.g. 0.1)")
 
 
-def _export(wrapper, inputs, batched, trace_joint):
+def _export(wrapper, inputs, dims, trace_joint):
     """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
+    from torch._export.utils import _compiling_state_context
     from torch._functorch.aot_autograd import aot_export_module
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -241,13 +363,20 @@ def _export(wrapper, inputs, batched, trace_joint):
 
     shape_env = ShapeEnv()
     fake_mode = FakeTensorMode(shape_env=shape_env)
-    fakes = []
+    fakes, first = [], {}
     for name, t in inputs.items():
-        # DUCK: batch dims of equal size share one symbol (x and target have one batch)
-        dims = [DimDynamic.DUCK if d == 0 and name in batched else DimDynamic.STATIC
-                for d in range(t.dim())]
-        fakes.append(fake_mode.from_tensor(
-            t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+        named = dims.get(name, {})
+        # DYNAMIC, not DUCK: a symbol per dimension, whatever its size; the dimensions of
+        # one name are made one symbol below (x's and target's batch)
+        fake = fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC if d in named else DimDynamic.STATIC
+                           for d in range(t.dim())]))
+        for d, label in named.items():
+            if label in first:
+                torch._check(fake.shape[d] == first[label])  # the shape env unifies them
+            else:
+                first[label] = fake.shape[d]
+        fakes.append(fake)
     swapped = []
     try:
         fake_of = {}
@@ -266,10 +395,16 @@ def _export(wrapper, inputs, batched, trace_joint):
                     table[key] = fake
         # Inside the fake mode: the export re-traces its joint graph with make_fx, and factory
         # ops with symbolic sizes (an LSTM's zero state) must not reach real kernels there.
-        with fake_mode:
+        # Under torch.export's own state (torch.compiler.is_compiling() and is_exporting()
+        # are true, as in a non-strict torch.export): libraries ask for it before
+        # data-dependent shortcuts (transformers' is_tracing() skips `if (mask == 0).all()`
+        # and builds the causal mask with tensor ops instead).
+        with fake_mode, _compiling_state_context():
             if trace_joint:
-                return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0)
-            return aot_export_module(wrapper, fakes, trace_joint=False)
+                return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
+                                         decompositions=_decompositions())
+            return aot_export_module(wrapper, fakes, trace_joint=False,
+                                     decompositions=_decompositions())
     except ProgramError:
         raise
     except Exception as e:  # noqa: BLE001 - every capture failure becomes a ProgramError
@@ -279,7 +414,36 @@ def _export(wrapper, inputs, batched, trace_joint):
             table[key] = real
 
 
-def _joint(module, wrapper, gm, sig, inputs, batched):
+_DECOMPOSITIONS = None
+
+
+def _decompositions():
+    """torch's decompositions of the ATen overloads the operator policy refuses.
+
+    The capture keeps ops whole where it can (a fused backward kernel is faster
+    than its pieces); an op outside the allowlist (``ssaexec.ops.policy``) that
+    torch knows how to decompose (``new_ones``, ``_scaled_dot_product_*`` variants
+    ...) is traced as its decomposition instead, recursively, so programs name only
+    allowed operators without growing the allowlist for every model.
+    """
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        from torch._decomp import decomposition_table
+
+        from ...ops.policy import is_allowed
+        table = {}
+        for op, fn in decomposition_table.items():
+            name = getattr(op, "_schema", None)
+            if name is None or getattr(op, "namespace", None) != "aten":
+                continue
+            t = f"aten.{name.name.split('::')[-1]}.{op._overloadname}"
+            if t not in RENAMES and t not in ASSERTS and not is_allowed(t):
+                table[op] = fn
+        _DECOMPOSITIONS = table
+    return _DECOMPOSITIONS
+
+
+def _joint(module, wrapper, gm, sig, inputs, dims):
     """The ``Joint`` parts both captures share, and the graph's nodes by name."""
     import sympy
 
@@ -319,15 +483,7 @@ def _joint(module, wrapper, gm, sig, inputs, batched):
                 new = f"s{len(rename)}"
                 rename[e] = sympy.Symbol(new, integer=True, positive=True)
                 joint.symbols[new] = (name, d)
-        if name in batched:
-            size = node.meta["val"].shape[0]
-            e = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
-            if e.is_number:
-                raise ProgramError(
-                    f"from_torch: the forward of {type(module).__name__} fixes the batch size of "
-                    f"input {name!r} to {int(e)} (e.g. x.view({int(e)}, -1) or a check on "
-                    "x.shape[0]); the program must run any batch size: use x.view(x.shape[0], "
-                    f"-1)/x.flatten(1), or name {name!r} in unbatched=")
+    _check_symbolic(module, joint.feeds, dims)
 
     def expr(value):
         """A meta value (int, float, bool, SymInt, SymFloat) as a number or size expression."""
@@ -345,6 +501,37 @@ def _joint(module, wrapper, gm, sig, inputs, batched):
 
     joint.expr = expr
     return joint, nodes
+
+
+def _check_symbolic(module, feeds, dims):
+    # every named dimension is still a symbol after the trace, one per name
+    import sympy
+
+    label_of = {}
+    for node, name in feeds.items():
+        shape = node.meta["val"].shape
+        for d, label in dims.get(name, {}).items():
+            size = shape[d]
+            e = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            if e.is_number and label == BATCH:
+                raise ProgramError(
+                    f"from_torch: the forward of {type(module).__name__} fixes the batch size of "
+                    f"input {name!r} to {int(e)} (e.g. x.view({int(e)}, -1) or a check on "
+                    "x.shape[0]); the program must run any batch size: use x.view(x.shape[0], "
+                    f"-1)/x.flatten(1), or name {name!r} in unbatched=")
+            if e.is_number:
+                raise ProgramError(
+                    f"from_torch: the forward of {type(module).__name__} fixes dimension {d} of "
+                    f"input {name!r} (named {label!r} in dynamic=) to {int(e)}: it is combined "
+                    "with a fixed size (another input whose dimension is not named "
+                    f"{label!r} too, a size taken from the example, or a check on it)")
+            other = label_of.setdefault(e, label)
+            if other != label:
+                names = ["the batch" if x == BATCH else repr(x) for x in (other, label)]
+                raise ProgramError(
+                    f"from_torch: the forward of {type(module).__name__} makes dimensions "
+                    f"{names[0]} and {names[1]} equal (dimension {d} of {name!r}); give them "
+                    "one name in dynamic=")
 
 
 def op_type(node):

@@ -53,6 +53,8 @@ from ...dtypes import DTYPES, dtype_name
 from ...errors import ProgramError
 from ...ops.aten import SYM_ATTR, arg_kinds, encode_bytes, parse_size_expr
 from ...program.desc import EMPTY_VAR, grad_var_name
+from .capture import ASSERTS as _ASSERTS
+from .capture import RENAMES as _RENAMES
 from .capture import op_type, strip_wrapped
 from .locate import UNKNOWN, locate_call, written_args
 
@@ -60,12 +62,28 @@ __all__ = ["LOSS_NAME", "OUTPUT_NAME", "Lowering"]
 
 LOSS_NAME = "loss"
 OUTPUT_NAME = "output"
-_RENAMES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
-                      "aten.lift_fresh_copy.default"})
-_ASSERTS = frozenset({"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
-                      "aten.sym_constrain_range_for_size.default",
-                      "aten.sym_constrain_range.default", "aten._assert_async.msg",
-                      "aten._assert_async.default"})
+
+# x[1:] is slice(start=1, end=2**63-1): an end past the dimension (which slicing clamps)
+# is written as the dimension's size, so the program holds no out-of-range literal
+_SLICES = frozenset({"aten.slice.Tensor", "aten.slice_scatter.default",
+                     "aten.slice_backward.default"})
+_HUGE = 2 ** 62
+
+
+def _clamp_slice(node, t, positional):
+    """``(args, kwargs)`` of a slice call with out-of-range start/end set to 0 or the size."""
+    bound = dict(zip(positional, node.args))
+    bound.update(node.kwargs)
+    dim = bound.get("dim", 0)
+    val = (node if t == "aten.slice_backward.default" else bound["self"]).meta["val"]
+    size = val.shape[dim]
+    for key in ("start", "end"):
+        v = bound.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > _HUGE:
+            bound[key] = size if v > 0 else 0
+    n = len(node.args)
+    return ([bound[k] for k in positional[:n]],
+            {k: v for k, v in bound.items() if k not in positional[:n]})
 
 
 class Lowering:
@@ -331,9 +349,12 @@ class Lowering:
         positional = [name for name, _, kwarg_only in schema if not kwarg_only]
         if len(node.args) > len(positional):
             raise self._unsupported(node, f"{t} (more positional arguments than its schema)")
-        for name, v in zip(positional, node.args):
+        args, kwargs = node.args, node.kwargs
+        if t in _SLICES:
+            args, kwargs = _clamp_slice(node, t, positional)
+        for name, v in zip(positional, args):
             attrs[name] = enc(v, name)
-        for k, v in node.kwargs.items():
+        for k, v in kwargs.items():
             if k not in kinds:
                 raise self._unsupported(node, f"{t} (unknown keyword {k!r})")
             attrs[k] = enc(v, k)
