@@ -32,6 +32,7 @@ from pathlib import Path
 from ..errors import SSAExecError
 from .analysis import op_levels
 from .explorer import trace_summary
+from .ssa import ComputationOpHandle
 
 __all__ = ["model_explorer_graph", "model_explorer_node_data", "write_model_explorer",
            "node_namespace", "INSTALL_HINT"]
@@ -65,7 +66,8 @@ def node_namespace(op, graph):
     """The layers a handle sits in: ``place/section[/module/...]``."""
     place = str(graph.places[op.place_idx]) if op.on_one_place else "all places"
     parts = [place.replace("/", "_"), op.section()]
-    module = _module_of(op, graph.program.global_block()) if op.kind == "compute" else None
+    module = _module_of(op, graph.program.global_block()) if isinstance(op, ComputationOpHandle) \
+        else None
     if module:
         parts += [p for p in module.replace("/", "_").split(".") if p]
     return "/".join(parts)
@@ -108,7 +110,7 @@ def model_explorer_graph(graph, label="ssaexec SSA graph", source=None):
             if key in ("op_type", "kind"):
                 continue
             attrs.append(kv(key, value if isinstance(value, str) else json.dumps(value)))
-        desc = getattr(op, "op", None) if op.kind == "compute" else None
+        desc = op.op if isinstance(op, ComputationOpHandle) else None
         if desc is not None:
             for key, value in desc.attrs.items():
                 attrs.append(kv(f"attr.{key}", str(value)))
@@ -138,7 +140,7 @@ def model_explorer_graph(graph, label="ssaexec SSA graph", source=None):
                     meta += [kv("shape", str(d.shape)), kv("dtype", d.dtype)]
             outputs_meta.append(gb.MetadataItem(id=str(k), attrs=meta))
         nodes.append(gb.GraphNode(
-            id=str(op.id), label=op.op_type if op.kind == "compute" else op.kind,
+            id=str(op.id), label=op.op_type,
             namespace=node_namespace(op, graph), attrs=attrs, incomingEdges=edges,
             inputsMetadata=inputs_meta, outputsMetadata=outputs_meta,
             style=gb.GraphNodeStyle(backgroundColor=type(op).color)))

@@ -178,7 +178,7 @@ class Converter:
         if var is None:
             raise Unsupported(self.op, f"var {name!r} is not declared in block 0")
         if not var.is_tensor:
-            raise Unsupported(self.op, f"var {name!r} is a {var_type_name(var.kind)}; only dense "
+            raise Unsupported(self.op, f"var {name!r} is a {var_type_name(var.vtype)}; only dense "
                                        "tensors are supported")
         raise Unsupported(self.op, f"var {name!r} has data type code {var.dtype_code}, which "
                                    "has no ssaexec dtype")
@@ -314,7 +314,7 @@ class Converter:
         if not fetch and loss is not None:
             fetch = [loss]
         for name in (v.name for v in self.pblock.vars.values()
-                     if v.kind in (FEED_MINIBATCH, FETCH_LIST)):
+                     if v.vtype in (FEED_MINIBATCH, FETCH_LIST)):
             if self.block.has_var(name):  # pragma: no cover - holders are never declared
                 self.block.remove_var(name)
         if validate:

@@ -389,12 +389,12 @@ def _fill_any_like(ctx, op):
 _register("fill_any_like", "fill_zeros_like (+ scale)", _fill_any_like)
 
 
-def _random_attrs(kind):
+def _random_attrs(dist):
     def attrs(op):
         require(op, a_int(op, "diag_num", 0) == 0, "diag_num is not supported")
         out = {"shape": a_ints(op, "shape"), "seed": a_int(op, "seed", 0),
                "dtype": a_dtype(op, "dtype", 5)}
-        if kind == "uniform":
+        if dist == "uniform":
             out.update(min=a_float(op, "min", -1.0), max=a_float(op, "max", 1.0))
         else:
             out.update(mean=a_float(op, "mean", 0.0), std=a_float(op, "std", 1.0))

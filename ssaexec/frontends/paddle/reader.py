@@ -52,28 +52,28 @@ def var_type_name(code):
 
 
 class PaddleVar:
-    """A var of a Paddle block: its kind (a VarType.Type code), dtype, shape and flags.
+    """A var of a Paddle block: its type (a VarType.Type code), dtype, shape and flags.
 
     ``dtype`` is our dtype name, or None when the var is not a dense tensor or its
     data type has no ssaexec equivalent (``dtype_code`` keeps Paddle's code).
     """
 
-    __slots__ = ("name", "kind", "dtype", "dtype_code", "shape", "lod_level", "persistable",
+    __slots__ = ("name", "vtype", "dtype", "dtype_code", "shape", "lod_level", "persistable",
                  "is_parameter", "stop_gradient", "need_check_feed")
 
-    def __init__(self, name, kind, dtype, dtype_code, shape, lod_level, persistable,
+    def __init__(self, name, vtype, dtype, dtype_code, shape, lod_level, persistable,
                  is_parameter, stop_gradient, need_check_feed):
-        self.name, self.kind, self.dtype, self.dtype_code = name, kind, dtype, dtype_code
+        self.name, self.vtype, self.dtype, self.dtype_code = name, vtype, dtype, dtype_code
         self.shape, self.lod_level = shape, lod_level
         self.persistable, self.is_parameter = persistable, is_parameter
         self.stop_gradient, self.need_check_feed = stop_gradient, need_check_feed
 
     @property
     def is_tensor(self):
-        return self.kind == LOD_TENSOR
+        return self.vtype == LOD_TENSOR
 
     def __repr__(self):
-        return f"PaddleVar({self.name!r}, {var_type_name(self.kind)}, {self.dtype}, {self.shape})"
+        return f"PaddleVar({self.name!r}, {var_type_name(self.vtype)}, {self.dtype}, {self.shape})"
 
 
 class PaddleOp:
@@ -134,7 +134,7 @@ class PaddleProgram:
         names = set()
         for block in self.blocks:
             for v in block.vars.values():
-                if v.persistable and v.kind not in (FEED_MINIBATCH, FETCH_LIST, READER, RAW):
+                if v.persistable and v.vtype not in (FEED_MINIBATCH, FETCH_LIST, READER, RAW):
                     names.add(v.name)
         return sorted(names)
 
@@ -228,17 +228,17 @@ def _decode_var(v, block_where, k):
     where = f"{block_where}, var {name!r}"
     if not v.HasField("type") or not v.type.HasField("type"):
         raise ProgramError(f"{where}: the var has no type")
-    kind = v.type.type
+    vtype = v.type.type
     dtype = dtype_code = shape = None
     lod_level = 0
     desc = None
-    if kind == LOD_TENSOR and v.type.HasField("lod_tensor"):
+    if vtype == LOD_TENSOR and v.type.HasField("lod_tensor"):
         desc, lod_level = v.type.lod_tensor.tensor, v.type.lod_tensor.lod_level
-    elif kind == SELECTED_ROWS and v.type.HasField("selected_rows"):
+    elif vtype == SELECTED_ROWS and v.type.HasField("selected_rows"):
         desc = v.type.selected_rows
-    elif kind == LOD_TENSOR_ARRAY and v.type.HasField("tensor_array"):
+    elif vtype == LOD_TENSOR_ARRAY and v.type.HasField("tensor_array"):
         desc, lod_level = v.type.tensor_array.tensor, v.type.tensor_array.lod_level
-    elif kind == LOD_TENSOR:
+    elif vtype == LOD_TENSOR:
         raise ProgramError(f"{where}: a dense tensor var without a tensor description")
     if desc is not None:
         dtype_code = desc.data_type
@@ -247,7 +247,7 @@ def _decode_var(v, block_where, k):
         problem = shape_problem(shape, "the declared shape")
         if problem is not None:
             raise ProgramError(f"{where}: {problem}")
-    return PaddleVar(name, kind, dtype, dtype_code, shape, lod_level, bool(v.persistable),
+    return PaddleVar(name, vtype, dtype, dtype_code, shape, lod_level, bool(v.persistable),
                      bool(v.is_parameter), bool(v.stop_gradient), bool(v.need_check_feed))
 
 
@@ -291,16 +291,16 @@ def _decode_op(o, block, index, num_blocks, source):
 
 
 def _scalar(s, where):
-    kind = s.type
-    if kind == 1:
+    code = s.type
+    if code == 1:
         return bool(s.b)
-    if kind == 2:
+    if code == 2:
         return int(s.i)
-    if kind == 3:
+    if code == 3:
         return float(s.r)
-    if kind == 4:
+    if code == 4:
         raise ProgramError(f"{where}: complex scalars are not supported")
-    raise ProgramError(f"{where}: unknown scalar type {kind}")
+    raise ProgramError(f"{where}: unknown scalar type {code}")
 
 
 def _block_ref(idx, where, num_blocks):
