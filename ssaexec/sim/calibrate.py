@@ -15,6 +15,9 @@ small program of its own, never the program being predicted:
 * ``hop_s``: the scheduler's hand-off latency: a chain whose every link is queued to
   another worker (``runtime.scheduler.Scheduler`` with no-op functions);
 * ``step_s``: ``ParallelExecutor.run`` of a one-op program on one place, less the op;
+* ``cores``: how many cores this process gets now: ``k`` threads each running a
+  kernel that releases the GIL (a 1-thread matrix product) side by side, against one
+  alone; on a machine shared with other jobs this is less than ``os.cpu_count()``;
 * ``local_sum``: ``LocalCollective.all_reduce`` over 2 and 4 places for a sweep of
   sizes, least squares of ``(P-1)·(α + S/B)``.
 
@@ -122,9 +125,45 @@ def _hop_latency(links=300, repeats=5):
     return statistics.median(per_link)
 
 
+def effective_cores(max_cores=None, seconds=0.2):
+    """Cores available to this process now (>= 1): the throughput of ``k`` threads
+    running GIL-free kernels side by side over one thread's, best ``k``."""
+    from ..place import available_cores
+    max_cores = max_cores or available_cores()
+    a, b = torch.randn(192, 192), torch.randn(192, 192)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def rate(k):
+        counts = [0] * k
+        stop = time.perf_counter() + seconds
+        barrier = threading.Barrier(k)
+
+        def work(i):
+            barrier.wait()
+            while time.perf_counter() < stop:
+                torch.mm(a, b)
+                counts[i] += 1
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(k)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return sum(counts)
+    try:
+        rate(1)
+        one = statistics.median(rate(1) for _ in range(3))
+        best = 1.0
+        for k in range(2, max_cores + 1):
+            best = max(best, statistics.median(rate(k) for _ in range(3)) / one)
+        return min(float(max_cores), best)
+    finally:
+        torch.set_num_threads(prev)
+
+
 def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
-    """Measure ``op_s``, ``readable_extra_s``, ``gil_fraction``, ``hop_s``, ``step_s``
-    with one torch thread; returns a dict (see the module docstring)."""
+    """Measure ``op_s``, ``readable_extra_s``, ``gil_fraction``, ``hop_s``, ``step_s`` with
+    one torch thread, and ``cores``; returns a dict (see the module docstring)."""
     from ..trace import OpTimer
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -156,7 +195,7 @@ def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
         gil = min(1.0, ratio / 2) if ratio > 1.05 else default_gil
         return {"op_s": op_s, "readable_extra_s": max(0.0, per_op_readable - op_s),
                 "gil_fraction": gil, "two_thread_ratio": ratio, "hop_s": _hop_latency(),
-                "step_s": step_s}
+                "step_s": step_s, "cores": effective_cores()}
     finally:
         torch.set_num_threads(prev)
 
@@ -263,7 +302,7 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None):
     ``gloo_sweep()`` of 2 processes (None: the local sum's figures stand in).
     """
     from ..place import available_cores
-    cores = cores or available_cores()
+    cores = cores or max(1, round(host.get("cores") or available_cores()))
     alpha_l, bw_l = _fit_local(local)
     if gloo:
         a, b = fit_line(gloo)
