@@ -300,3 +300,20 @@ def test_cli_simulate_errors(capsys):
     assert "unknown cluster" in capsys.readouterr().err
     assert main(["simulate", "examples/mnist_mlp.json", "--gpus", "0,2", "--no-plot"]) == 2
     assert "--gpus" in capsys.readouterr().err
+
+
+def test_calibration_fits():
+    from ssaexec.sim.calibrate import _fit_local, cpu_cluster, fit_latency_bandwidth
+    line = [(s, 50 * US + s / 2e9) for s in (1 << 10, 1 << 14, 1 << 20, 1 << 22)]
+    line[2] = (1 << 20, 1.0)  # one noisy point does not move the fit
+    a, b = fit_latency_bandwidth(line)
+    assert a == pytest.approx(50 * US, rel=0.01) and 1 / b == pytest.approx(2e9, rel=0.01)
+    sums = [(p, s, (p - 1) * (2 * US + s / 8e9)) for p in (2, 4) for s in (1 << 10, 1 << 20)]
+    alpha, bw = _fit_local(sums)
+    assert alpha == pytest.approx(2 * US) and bw == pytest.approx(8e9)
+    host = dict(op_s=3 * US, gil_fraction=0.9, hop_s=30 * US, step_s=30 * US,
+                readable_extra_s=0.5 * US, cores=1.8)
+    c = cpu_cluster(host, sums, line, name="here")
+    assert c.host.cores == 2 and c.device.kind == "cpu" and c.local_sum == (alpha, bw)
+    assert c.intra.latency == pytest.approx(25 * US, rel=0.01)  # a 2-rank ring: 2α + S/B
+    assert Cluster.from_dict(c.to_dict()) == c

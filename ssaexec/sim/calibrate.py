@@ -22,8 +22,8 @@ small program of its own, never the program being predicted:
   sizes, least squares of ``(P-1)·(α + S/B)``.
 
 ``gloo_sweep`` (run in every process of a 2-process gloo group) times blocking
-all-reduces for a sweep of sizes; ``fit_line`` turns it into the intra-node
-``Link`` of the CPU cluster: a 2-rank ring costs ``2α + S/B``.
+all-reduces for a sweep of sizes; ``fit_latency_bandwidth`` turns it into the
+intra-node ``Link`` of the CPU cluster: a 2-rank ring costs ``2α + S/B``.
 """
 
 import os
@@ -36,8 +36,7 @@ import torch
 
 from .cluster import Cluster, Device, Host, Link
 
-__all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "fit_line", "cpu_cluster",
-           "calibrate_cpu", "cpu_name"]
+__all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "fit_latency_bandwidth", "effective_cores", "cpu_cluster", "calibrate_cpu", "cpu_name"]
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 
@@ -257,6 +256,9 @@ def gloo_sweep(sizes=SIZES, repeats=15):
     the current process group (call it in every process)."""
     import torch.distributed as dist
     out = []
+    warm = torch.zeros(256)
+    for _ in range(20):  # connections, buffers
+        dist.all_reduce(warm)
     for s in sizes:
         t = torch.randn(max(1, s // 4))
         for _ in range(3):
@@ -271,14 +273,17 @@ def gloo_sweep(sizes=SIZES, repeats=15):
     return out
 
 
-def fit_line(points):
-    """Least-squares ``(intercept, slope)`` of ``[(x, y)]``."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
-    return my - slope * mx, slope
+def fit_latency_bandwidth(points, small=1 << 14):
+    """``(intercept, slope)`` of time against bytes, robust to a noisy point: the
+    intercept from the median of the small sizes (latency-bound), the slope from them
+    to the largest size (bandwidth-bound)."""
+    pts = sorted(points)
+    lo = [p for p in pts if p[0] <= small] or pts[:1]
+    s0 = statistics.median(x for x, _ in lo)
+    t0 = statistics.median(y for _, y in lo)
+    s1, t1 = pts[-1]
+    slope = max(0.0, (t1 - t0) / (s1 - s0)) if s1 > s0 else 0.0
+    return max(0.0, t0 - slope * s0), slope
 
 
 def _fit_local(sweep):
@@ -305,7 +310,7 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None):
     cores = cores or max(1, round(host.get("cores") or available_cores()))
     alpha_l, bw_l = _fit_local(local)
     if gloo:
-        a, b = fit_line(gloo)
+        a, b = fit_latency_bandwidth(gloo)
         link = Link(1.0 / max(b, 1e-15), max(a, 0.0) / 2)  # 2 ranks: 2α + S/B
     else:
         link = Link(bw_l, alpha_l)
