@@ -128,8 +128,11 @@ def plot_scaling(predictions, path, title=""):
         xs = [p.ranks for p in ps]
         ax1.plot(xs, [p.images_per_sec for p in ps], marker="o", label=c)
         ax2.plot(xs, [p.efficiency * 100 for p in ps], marker="o", label=c)
+    ranks = sorted({p.ranks for p in predictions})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(n) for n in ranks])
+        ax.minorticks_off()
         ax.set_xlabel("GPUs")
         ax.grid(True, which="both", alpha=0.3)
     ax1.set_yscale("log")
