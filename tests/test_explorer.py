@@ -15,8 +15,8 @@ import pytest
 import ssaexec as se
 from browser import HINT, find_chromium, screenshot, selftest
 from ssaexec.errors import SSAExecError
-from ssaexec.graph.explorer import (COLLAPSE_ABOVE, explorer_data, explorer_html, load_trace,
-                                    trace_summary, write_explorer)
+from ssaexec.graph.explorer import (COLLAPSE_ABOVE, CYTOSCAPE_VERSION, explorer_data,
+                                    explorer_html, load_trace, trace_summary, write_explorer)
 from ssaexec.program.defaults import loss_var
 from ssaexec.program.io import load_program
 
@@ -100,6 +100,11 @@ def test_page_is_self_contained_and_escapes_its_data():
     # nothing is fetched when the page opens
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "@import" not in page and "url(" not in page
+    # the graph library is inlined, its version pinned and its licence kept beside it
+    vendor = ROOT / "ssaexec" / "graph" / "vendor"
+    assert f'version="{CYTOSCAPE_VERSION}"' in page and "The Cytoscape Consortium" in page
+    assert "Permission is hereby granted" in (vendor / "LICENSE.cytoscape").read_text()
+    assert f"Cytoscape.js {CYTOSCAPE_VERSION}" in (vendor / "README.md").read_text()
     # the data can neither end its script element nor the page's title
     assert page.count("</script") == 2
     assert "<script>alert" not in page
@@ -164,6 +169,7 @@ def test_browser_small_resnet_on_8_places(tmp_path):
     write_explorer(g, page, source="examples/small_resnet.json")
     r = selftest(page, var="conv2d_0.w_0")
     _check(r)
+    assert r["library"] == f"cytoscape {CYTOSCAPE_VERSION}"
     assert r["ops"] == len(g.ops) and r["opened_collapsed"] and r["visible_at_open"] == 0
     assert r["checks"]["all_handles_present"]["info"] == len(g.ops)
     assert r["checks"]["search_finds_var"]["info"]["ops"] > 0

@@ -1,25 +1,31 @@
-// ssaexec explorer: draws the SSA graph data embedded in this page (ssaexec/graph/explorer.py
-// says what it holds and how the layout was chosen). Plain DOM and <canvas>, no library,
-// no network. Groups (a lane x a phase of the step) expand in place; only row heights and
-// column widths are recomputed. Everything that reads the data goes through the tables
-// built once in build(). `#selftest` in the URL runs selfTest() and writes its results into
-// the selftest <pre> for the browser tests; `#expand=all|none&select=ID&search=TEXT` set
-// the opening state (screenshots).
-"use strict";
+// ssaexec explorer: shows the SSA graph data embedded in this page (ssaexec/graph/explorer.py
+// says what it holds and how the layout was chosen). The graph is drawn by Cytoscape.js
+// (inlined before this script; ssaexec/graph/vendor/README.md gives its version): one node
+// per op handle at the position computed here from the Python-side ranks and slots (a
+// "preset" layout), one compound node per group (a lane x a phase of the step) holding its
+// handles. A collapsed group hides its handles (display: none) and becomes a box; only row
+// heights and column widths are recomputed when a group opens or closes. Edges between
+// hidden handles are aggregated per pair of visible endpoints. The timeline stays a plain
+// <canvas>. Everything that reads the data goes through the tables built once below.
+// `#selftest` in the URL runs selfTest() and writes its results into the selftest <pre> for
+// the browser tests; `#expand=all|none&select=ID&search=TEXT&zoom=S` set the opening state
+// (screenshots).
 (function () {
+  "use strict";
   const D = JSON.parse(document.getElementById("explorer-data").textContent);
   const T = D.trace;                       // null without a trace
   const N = D.ops.length;
   const SPAN = -1;
-  // geometry, in world units (CSS pixels at zoom 1)
+  // geometry, in model units (CSS pixels at zoom 1)
   const NODE_W = 150, NODE_H = 24, SLOT_W = 168, RANK_H = 36, HEAD = 28, PAD = 10;
   const COLLAPSED_W = 200, COLLAPSED_H = 64, COL_GAP = 48, ROW_GAP = 44, CELL_GAP = 16;
   const ROW_LABEL_W = 110;
   const LONG_EDGE = 24 * RANK_H;           // longer edges are drawn faint unless selected
   const CRIT = "#dc2626", SEL = "#111827", MATCH = "#f59e0b";
+  const FONT = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif";
 
   const $ = (id) => document.getElementById(id);
-  const canvas = $("graph"), ctx = canvas.getContext("2d");
+  const graphBox = $("graph");
   const tlCanvas = $("timeline"), tctx = tlCanvas.getContext("2d");
   const tooltip = $("tooltip");
 
@@ -81,13 +87,13 @@
 
   // ---------------------------------------------------------------- state
   const collapsed = D.groups.map(() => !!D.meta.collapsed);
-  const view = { scale: 1, tx: 0, ty: 0 };
   let selected = -1, selectedVar = null, hoverOp = -1;
   let matches = [], matchSet = new Set(), matchPos = -1;
   let colorBy = T ? "duration" : "kind", showCritical = !!T;
   const L = { nodeX: new Float64Array(N), nodeY: new Float64Array(N), groupBox: [], rowY: [],
               rowH: [], width: 0, height: 0, edges: [], visibleCount: 0 };
 
+  // ---------------------------------------------------------------- layout
   // ---------------------------------------------------------------- layout
   function groupSize(g) {
     const G = D.groups[g];
@@ -177,35 +183,213 @@
     }
   }
 
-  // ---------------------------------------------------------------- drawing the graph
-  let dpr = 1, needDraw = false;
-  function resize() {
-    dpr = window.devicePixelRatio || 1;
-    for (const c of [canvas, tlCanvas]) {
-      const r = c.getBoundingClientRect();
-      c.width = Math.max(1, Math.round(r.width * dpr));
-      c.height = Math.max(1, Math.round(r.height * dpr));
-    }
-    requestDraw();
-  }
-  function requestDraw() {
-    if (needDraw) return;
-    needDraw = true;
-    requestAnimationFrame(() => { needDraw = false; draw(); drawTimeline(); });
-  }
+  // ---------------------------------------------------------------- the graph (Cytoscape.js)
+  const opId = (i) => "o" + i, groupId = (g) => "g" + g;
   function opFill(i) {
     if (colorBy === "duration" && durColor) return durColor[i];
     const k = kindOf[D.ops[i].k];
     return k ? k.color : "#eeeeee";
   }
-  function isHot(i) { return i === selected || i === hoverOp; }
-  function edgeSelected(e) {
-    return selected >= 0 && (e.a === selected || e.b === selected);
+  const groupTime = D.groups.map(() => 0), groupCrit = D.groups.map(() => 0);
+  if (T) for (let i = 0; i < N; i++) {
+    if (T.mean_us[i] > 0) groupTime[D.ops[i].g] += T.mean_us[i];
+    if (critical.has(i)) groupCrit[D.ops[i].g]++;
   }
-  function curve(c, e) {
-    const dy = Math.max(20, Math.abs(e.y2 - e.y1) * 0.4);
-    c.moveTo(e.x1, e.y1);
-    c.bezierCurveTo(e.x1, e.y1 + dy, e.x2, e.y2 - dy, e.x2, e.y2);
+  let matchCount = D.groups.map(() => 0);
+  function groupLabel(g) {
+    const G = D.groups[g];
+    if (!collapsed[g]) return "▾ " + G.label + " (" + G.n + ")";
+    let info = G.n + " handle" + (G.n === 1 ? "" : "s");
+    if (matchCount[g]) info += " · " + matchCount[g] + " match";
+    if (T) {
+      info += " · " + fmtUs(groupTime[g]);
+      if (groupCrit[g] && showCritical) info += " · " + groupCrit[g] + " critical";
+    }
+    return "▸ " + G.label + "\n" + info;
+  }
+  const STYLE = [
+    { selector: "node", style: { "font-family": FONT, color: "#111827", "min-zoomed-font-size": 6 } },
+    { selector: "node.op", style: {
+      shape: "rectangle", width: NODE_W, height: NODE_H, "background-color": "data(fill)",
+      "border-width": 1, "border-color": "#374151", label: "data(label)", "font-size": 11,
+      "text-valign": "center", "text-halign": "center", "text-wrap": "ellipsis",
+      "text-max-width": NODE_W - 8, "min-zoomed-font-size": 8 } },
+    { selector: "node.group", style: {
+      shape: "round-rectangle", width: COLLAPSED_W, height: COLLAPSED_H, padding: 0,
+      "background-color": "#eef2ff", "border-width": 1, "border-color": "#6b7280",
+      label: "data(label)", "font-size": 12, "text-wrap": "wrap", "text-max-width": COLLAPSED_W - 16,
+      "text-valign": "center", "text-halign": "center", "text-justification": "left",
+      "line-height": 1.6, "compound-sizing-wrt-labels": "exclude" } },
+    { selector: "node.group.span", style: { "background-color": "#fee2e2" } },
+    { selector: "node.group.open", style: {
+      padding: PAD, "background-opacity": 0.45, "border-color": "#9ca3af", color: "#374151",
+      "text-valign": "top", "text-margin-y": HEAD - 6, "text-wrap": "none", "text-justification": "auto", "min-height": "data(mh)", "min-height-bias-top": 100,
+      "min-height-bias-bottom": 0 } },
+    { selector: "node.rowlabel", style: {
+      shape: "rectangle", width: 1, height: 1, "background-opacity": 0, label: "data(label)",
+      "font-size": 14, "font-weight": "bold", color: "#9ca3af", "text-valign": "bottom",
+      "text-halign": "right", events: "no", "min-zoomed-font-size": 4 } },
+    { selector: "edge", style: {
+      "curve-style": "straight", width: 1, "line-color": "#6b7280", "target-arrow-shape": "triangle",
+      "target-arrow-color": "#6b7280", "arrow-scale": 0.6, "source-endpoint": "0% 50%",
+      "target-endpoint": "0% -50%", events: "no" } },
+    { selector: "edge.dummy", style: { "line-style": "dashed", "line-color": "#a8a29e", "target-arrow-color": "#a8a29e" } },
+    { selector: "edge.faint", style: { "line-color": "#4b5563", "line-opacity": 0.12, "target-arrow-shape": "none" } },
+    { selector: "edge.crit", style: { "line-color": CRIT, "target-arrow-color": CRIT, width: 2.5, "line-opacity": 1, "target-arrow-shape": "triangle", "z-index": 5 } },
+    { selector: "edge.hot", style: { "line-color": "#1d4ed8", "target-arrow-color": "#1d4ed8", width: 2, "line-opacity": 1, "target-arrow-shape": "triangle", "z-index": 6 } },
+    { selector: "node.match", style: { "border-color": MATCH, "border-width": 3 } },
+    { selector: "node.crit", style: { "border-color": CRIT, "border-width": 3 } },
+    { selector: "node.sel, node.hover", style: { "border-color": SEL, "border-width": 3 } },
+    { selector: "node.op.sel", style: { "outline-width": 2, "outline-color": "#60a5fa", "outline-offset": 3 } },
+  ];
+  function edgeElements() {
+    const out = [];
+    L.edges.forEach((e, k) => {
+      const ops = e.a < N && e.b < N;
+      let cls = e.dummy ? "dummy" : "";
+      // long edges, and edges between a handle and a collapsed group, stay in the background
+      if (!ops && (e.a < N) !== (e.b < N)) cls += " faint";
+      else if (ops && Math.abs(e.y2 - e.y1) > LONG_EDGE) cls += " faint";
+      out.push({ group: "edges", data: { id: "e" + edgeGen + "_" + k, source: e.a < N ? opId(e.a) : groupId(e.a - N),
+        target: e.b < N ? opId(e.b) : groupId(e.b - N), k }, classes: cls });
+    });
+    return out;
+  }
+  let edgeGen = 0;
+  function groupData(g) {
+    const b = L.groupBox[g];
+    return { label: groupLabel(g), mh: Math.max(0, b.h - 2 * PAD) };
+  }
+  layout();
+  const elements = [];
+  D.groups.forEach((G, g) => {
+    const b = L.groupBox[g];
+    elements.push({ group: "nodes", data: { id: groupId(g), g, ...groupData(g) },
+      position: { x: b.x + b.w / 2, y: b.y + b.h / 2 },
+      classes: "group" + (G.lane === SPAN ? " span" : "") + (collapsed[g] ? "" : " open") });
+  });
+  // a group's handles are in the graph only while it is open: a collapsed group is a plain
+  // node (a box); opening it adds its handles as the children of that compound node
+  function opElement(i) {
+    return { group: "nodes", data: { id: opId(i), parent: groupId(D.ops[i].g), i, label: shortLabel[i], fill: opFill(i) },
+      position: { x: L.nodeX[i] + NODE_W / 2, y: L.nodeY[i] + NODE_H / 2 },
+      classes: "op" + (matchSet.has(i) ? " match" : "") + (showCritical && critical.has(i) ? " crit" : "") +
+        (i === selected ? " sel" : "") };
+  }
+  D.groups.forEach((_, g) => { if (!collapsed[g]) for (const i of groupOps[g]) elements.push(opElement(i)); });
+  D.rows.forEach((name, r) => elements.push({ group: "nodes", data: { id: "row" + r, label: name },
+    position: { x: 8, y: L.rowY[r] + 6 }, classes: "rowlabel" }));
+  for (const e of edgeElements()) elements.push(e);
+  const cy = cytoscape({
+    container: graphBox, elements, style: STYLE, layout: { name: "preset" },
+    minZoom: 0.01, maxZoom: 4, boxSelectionEnabled: false, autoungrabify: true, autounselectify: true,
+    hideEdgesOnViewport: N > 1500, styleEnabled: true,
+  });
+  const opNode = new Array(N).fill(null), groupNode = [];   // op nodes of the open groups
+  for (let g = 0; g < D.groups.length; g++) {
+    groupNode.push(cy.getElementById(groupId(g)));
+    if (!collapsed[g]) for (const i of groupOps[g]) opNode[i] = cy.getElementById(opId(i));
+  }
+
+  function applyLayout() {
+    // positions from layout(), members shown or hidden, aggregated edges rebuilt
+    layout();
+    edgeGen++;
+    cy.batch(() => {
+      D.groups.forEach((G, g) => {
+        const node = groupNode[g], b = L.groupBox[g];
+        if (collapsed[g]) {
+          if (node.isParent()) node.children().remove();
+          for (const i of groupOps[g]) opNode[i] = null;
+          node.removeClass("open");
+          node.position({ x: b.x + b.w / 2, y: b.y + b.h / 2 });
+        } else if (!node.isParent()) {
+          const added = cy.add(groupOps[g].map(opElement));
+          added.forEach((n) => { opNode[n.data("i")] = n; });
+          node.addClass("open");
+        } else {
+          for (const i of groupOps[g]) opNode[i].position({ x: L.nodeX[i] + NODE_W / 2, y: L.nodeY[i] + NODE_H / 2 });
+        }
+        node.data(groupData(g));
+      });
+      D.rows.forEach((_, r) => cy.getElementById("row" + r).position({ x: 8, y: L.rowY[r] + 6 }));
+      cy.edges().remove();
+      cy.add(edgeElements());
+    });
+    marked.edgesFor = -2;                  // edges are new: mark them again
+    syncMarks();
+  }
+
+  // marks (selection, hover, matches, critical path, colours) follow the state incrementally
+  const marked = { sel: -1, hover: -1, matches: null, colorBy, critical: false, edgesFor: -2, selGroup: -1 };
+  function syncMarks() {
+    cy.batch(() => {
+      if (marked.colorBy !== colorBy) {
+        for (let i = 0; i < N; i++) if (opNode[i]) opNode[i].data("fill", opFill(i));
+        marked.colorBy = colorBy;
+      }
+      if (marked.critical !== showCritical || marked.edgesFor === -2) {
+        cy.elements(".crit").removeClass("crit");
+        if (showCritical) {
+          for (const i of critical) if (opNode[i]) opNode[i].addClass("crit");
+          cy.edges().forEach((e) => {
+            const a = L.edges[e.data("k")];
+            if (a && a.a < N && a.b < N && critEdges.has(a.a * N + a.b)) e.addClass("crit");
+          });
+        }
+        if (marked.critical !== showCritical) D.groups.forEach((_, g) => { if (groupCrit[g]) groupNode[g].data("label", groupLabel(g)); });
+        marked.critical = showCritical;
+      }
+      if (marked.matches !== matches) {
+        cy.nodes("node.op.match").removeClass("match");
+        for (const i of matches) if (opNode[i]) opNode[i].addClass("match");
+        const count = D.groups.map(() => 0);
+        for (const i of matches) count[D.ops[i].g]++;
+        const old = matchCount;
+        matchCount = count;
+        D.groups.forEach((_, g) => {
+          if (old[g] !== count[g]) groupNode[g].data("label", groupLabel(g));
+          groupNode[g].toggleClass("match", count[g] > 0);
+        });
+        marked.matches = matches;
+      }
+      if (marked.sel !== selected || marked.edgesFor !== selected) {
+        cy.nodes("node.op.sel").removeClass("sel");
+        if (marked.selGroup >= 0) groupNode[marked.selGroup].removeClass("sel");
+        cy.edges(".hot").removeClass("hot");
+        marked.selGroup = -1;
+        if (selected >= 0) {
+          const g = D.ops[selected].g;
+          if (opNode[selected]) opNode[selected].addClass("sel");
+          if (collapsed[g]) { groupNode[g].addClass("sel"); marked.selGroup = g; }
+          (collapsed[g] ? groupNode[g] : opNode[selected]).connectedEdges().forEach((e) => {
+            const a = L.edges[e.data("k")];
+            if (a && (a.a === selected || a.b === selected)) e.addClass("hot");
+          });
+        }
+        marked.sel = selected; marked.edgesFor = selected;
+      }
+      if (marked.hover !== hoverOp) {
+        cy.nodes("node.op.hover").removeClass("hover");
+        if (hoverOp >= 0 && opNode[hoverOp]) opNode[hoverOp].addClass("hover");
+        marked.hover = hoverOp;
+      }
+    });
+  }
+  let dpr = 1, needDraw = false;
+  function resize() {
+    dpr = window.devicePixelRatio || 1;
+    const r = tlCanvas.getBoundingClientRect();
+    tlCanvas.width = Math.max(1, Math.round(r.width * dpr));
+    tlCanvas.height = Math.max(1, Math.round(r.height * dpr));
+    cy.resize();
+    requestDraw();
+  }
+  function requestDraw() {
+    syncMarks();
+    if (needDraw) return;
+    needDraw = true;
+    requestAnimationFrame(() => { needDraw = false; drawTimeline(); });
   }
   const labelCache = new Map();
   function fitText(c, text, width) {
@@ -224,214 +408,64 @@
     labelCache.set(key, t);
     return t;
   }
-  let drawnNodes = 0;
-  function draw() {
-    const W = canvas.width / dpr, H = canvas.height / dpr;
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, W, H);
-    ctx.setTransform(dpr * view.scale, 0, 0, dpr * view.scale, dpr * view.tx, dpr * view.ty);
-    const x0 = -view.tx / view.scale, y0 = -view.ty / view.scale;
-    const x1 = x0 + W / view.scale, y1 = y0 + H / view.scale;
-    const inView = (x, y, w, h) => x + w >= x0 && x <= x1 && y + h >= y0 && y <= y1;
-    const s = view.scale, lw = 1 / s;
-    // row labels
-    ctx.fillStyle = "#9ca3af";
-    ctx.font = "bold 14px system-ui, sans-serif";
-    ctx.textBaseline = "top";
-    D.rows.forEach((name, r) => ctx.fillText(name, 8, L.rowY[r] + 6));
-    // group boxes
-    ctx.font = "12px system-ui, sans-serif";
-    ctx.textBaseline = "middle";
-    const matchCount = new Array(D.groups.length).fill(0);
-    for (const i of matches) matchCount[D.ops[i].g]++;
-    D.groups.forEach((G, g) => {
-      const b = L.groupBox[g];
-      if (!inView(b.x, b.y, b.w, b.h)) return;
-      const hasSel = selected >= 0 && D.ops[selected].g === g;
-      if (collapsed[g]) {
-        ctx.fillStyle = G.lane === SPAN ? "#fee2e2" : "#eef2ff";
-        ctx.strokeStyle = hasSel ? SEL : (matchCount[g] ? MATCH : "#6b7280");
-        ctx.lineWidth = (hasSel || matchCount[g] ? 3 : 1) * lw;
-        ctx.beginPath(); ctx.roundRect(b.x, b.y, b.w, b.h, 6); ctx.fill(); ctx.stroke();
-        ctx.fillStyle = "#111827";
-        ctx.fillText(fitText(ctx, "▸ " + G.label, b.w - 16), b.x + 8, b.y + 16);
-        ctx.fillStyle = "#4b5563";
-        let info = G.n + " handle" + (G.n === 1 ? "" : "s");
-        if (matchCount[g]) info += " · " + matchCount[g] + " match";
-        if (T) {
-          let tot = 0, crit = 0;
-          for (const i of groupOps[g]) { if (T.mean_us[i] > 0) tot += T.mean_us[i]; if (critical.has(i)) crit++; }
-          info += " · " + fmtUs(tot);
-          if (crit && showCritical) info += " · " + crit + " critical";
-        }
-        ctx.fillText(fitText(ctx, info, b.w - 16), b.x + 8, b.y + 40);
-      } else {
-        ctx.fillStyle = G.lane === SPAN ? "rgba(254,226,226,0.35)" : "rgba(238,242,255,0.5)";
-        ctx.strokeStyle = "#9ca3af";
-        ctx.lineWidth = lw;
-        ctx.beginPath(); ctx.roundRect(b.x, b.y, b.w, b.h, 6); ctx.fill(); ctx.stroke();
-        ctx.fillStyle = "#374151";
-        ctx.fillText(fitText(ctx, "▾ " + G.label + " (" + G.n + ")", b.w - 16), b.x + 8, b.y + 13);
-      }
-    });
-    // edges: plain, dummy (dashed), faint long ones, then highlighted ones on top
-    const plain = new Path2D(), dashed = new Path2D(), faint = new Path2D();
-    const hot = [], crit = [];
-    for (const e of L.edges) {
-      const ex = Math.min(e.x1, e.x2), ey = Math.min(e.y1, e.y2);
-      if (!inView(ex, ey, Math.abs(e.x2 - e.x1), Math.abs(e.y2 - e.y1))) continue;
-      if (edgeSelected(e)) { hot.push(e); continue; }
-      if (showCritical && e.a < N && e.b < N && critEdges.has(e.a * N + e.b)) { crit.push(e); continue; }
-      // long edges, and edges between a handle and a collapsed group, stay in the background
-      if ((e.a < N) !== (e.b < N) || (Math.abs(e.y2 - e.y1) > LONG_EDGE && e.a < N && e.b < N)) curve(faint, e);
-      else curve(e.dummy ? dashed : plain, e);
-    }
-    ctx.lineWidth = lw;
-    ctx.strokeStyle = "rgba(75,85,99,0.12)"; ctx.stroke(faint);
-    ctx.strokeStyle = "#6b7280"; ctx.stroke(plain);
-    ctx.setLineDash([4 * lw, 3 * lw]); ctx.strokeStyle = "#a8a29e"; ctx.stroke(dashed);
-    ctx.setLineDash([]);
-    for (const [list, color, w] of [[crit, CRIT, 2.5], [hot, "#1d4ed8", 2]]) {
-      if (!list.length) continue;
-      const solid = new Path2D(), dash = new Path2D();
-      for (const e of list) curve(e.dummy ? dash : solid, e);
-      ctx.strokeStyle = color; ctx.lineWidth = Math.max(w * lw, w * 0.5);
-      ctx.stroke(solid);
-      ctx.setLineDash([5 * lw, 3 * lw]); ctx.stroke(dash); ctx.setLineDash([]);
-    }
-    // nodes
-    const labels = s * NODE_H >= 9;
-    ctx.font = "11px system-ui, sans-serif";
-    drawnNodes = 0;
-    for (let g = 0; g < D.groups.length; g++) {
-      if (collapsed[g]) continue;
-      const b = L.groupBox[g];
-      if (!inView(b.x, b.y, b.w, b.h)) continue;
-      for (const i of groupOps[g]) {
-        const x = L.nodeX[i], y = L.nodeY[i];
-        if (!inView(x, y, NODE_W, NODE_H)) continue;
-        drawnNodes++;
-        ctx.fillStyle = opFill(i);
-        ctx.fillRect(x, y, NODE_W, NODE_H);
-        let stroke = "#374151", width = 1;
-        if (matchSet.has(i)) { stroke = MATCH; width = 3; }
-        if (showCritical && critical.has(i)) { stroke = CRIT; width = 3; }
-        if (isHot(i)) { stroke = SEL; width = 3; }
-        ctx.strokeStyle = stroke;
-        ctx.lineWidth = Math.max(width * lw, width * 0.4);
-        ctx.strokeRect(x, y, NODE_W, NODE_H);
-        if (i === selected) {
-          ctx.strokeStyle = "#60a5fa"; ctx.lineWidth = 2 * lw;
-          ctx.strokeRect(x - 4 * lw, y - 4 * lw, NODE_W + 8 * lw, NODE_H + 8 * lw);
-        }
-        if (labels) {
-          ctx.fillStyle = "#111827";
-          ctx.fillText(fitText(ctx, shortLabel[i], NODE_W - 8), x + 4, y + NODE_H / 2);
-        }
-      }
-    }
-  }
 
   // ---------------------------------------------------------------- view control
   function fit() {
-    const W = canvas.width / dpr, H = canvas.height / dpr;
-    const s = Math.min(W / L.width, H / L.height) * 0.96;
-    view.scale = Math.min(Math.max(s, 0.02), 2);
-    view.tx = (W - L.width * view.scale) / 2;
-    view.ty = Math.max(8, (H - L.height * view.scale) / 2);
-    requestDraw();
+    const W = cy.width(), H = cy.height();
+    const s = Math.min(Math.max(Math.min(W / L.width, H / L.height) * 0.96, 0.02), 2);
+    cy.viewport({ zoom: s, pan: { x: (W - L.width * s) / 2, y: Math.max(8, (H - L.height * s) / 2) } });
   }
   function centerOn(x, y, minScale) {
-    const W = canvas.width / dpr, H = canvas.height / dpr;
-    if (minScale && view.scale < minScale) view.scale = minScale;
-    view.tx = W / 2 - x * view.scale;
-    view.ty = H / 2 - y * view.scale;
-    requestDraw();
-  }
-  function toWorld(cx, cy) {
-    const r = canvas.getBoundingClientRect();
-    return [(cx - r.left - view.tx) / view.scale, (cy - r.top - view.ty) / view.scale];
-  }
-  function hit(wx, wy) {
-    // an op box, else a group (collapsed box or expanded header)
-    for (let g = 0; g < D.groups.length; g++) {
-      const b = L.groupBox[g];
-      if (wx < b.x || wx > b.x + b.w || wy < b.y || wy > b.y + b.h) continue;
-      if (collapsed[g]) return { group: g };
-      for (const i of groupOps[g]) {
-        const x = L.nodeX[i], y = L.nodeY[i];
-        if (wx >= x && wx <= x + NODE_W && wy >= y && wy <= y + NODE_H) return { op: i };
-      }
-      if (wy <= b.y + HEAD - 4) return { group: g, header: true };
-    }
-    return null;
+    const z = minScale && cy.zoom() < minScale ? minScale : cy.zoom();
+    cy.viewport({ zoom: z, pan: { x: cy.width() / 2 - x * z, y: cy.height() / 2 - y * z } });
   }
   function setCollapsed(g, value) {
     if (collapsed[g] === value) return;
     // keep the group's top-left corner where it is on screen
-    const before = L.groupBox[g];
-    const sx = before.x * view.scale + view.tx, sy = before.y * view.scale + view.ty;
+    const before = L.groupBox[g], z = cy.zoom(), pan = cy.pan();
+    const sx = before.x * z + pan.x, sy = before.y * z + pan.y;
     collapsed[g] = value;
-    layout();
+    applyLayout();
     const after = L.groupBox[g];
-    view.tx = sx - after.x * view.scale;
-    view.ty = sy - after.y * view.scale;
+    cy.pan({ x: sx - after.x * z, y: sy - after.y * z });
     requestDraw();
   }
   function setAll(value) {
     collapsed.fill(value);
-    layout();
+    applyLayout();
     fit();
   }
   function reveal(i, minScale) {
     const g = D.ops[i].g;
-    if (collapsed[g]) { collapsed[g] = false; layout(); }
+    if (collapsed[g]) { collapsed[g] = false; applyLayout(); }
     centerOn(L.nodeX[i] + NODE_W / 2, L.nodeY[i] + NODE_H / 2, minScale === undefined ? 0.8 : minScale);
   }
-
-  let drag = null;
-  canvas.addEventListener("mousedown", (ev) => {
-    drag = { x: ev.clientX, y: ev.clientY, tx: view.tx, ty: view.ty, moved: false };
-    canvas.classList.add("panning");
+  cy.on("tap", (ev) => {
+    const t = ev.target;
+    if (t === cy || !t.isNode()) return;
+    if (t.hasClass("op")) { selectOp(t.data("i"), "graph"); return; }
+    const g = t.data("g");
+    if (g === undefined) return;
+    // a collapsed box expands; an open group collapses from its header
+    if (collapsed[g]) setCollapsed(g, false);
+    else if (ev.position.y <= L.groupBox[g].y + HEAD - 4) setCollapsed(g, true);
   });
-  window.addEventListener("mousemove", (ev) => {
-    if (drag) {
-      const dx = ev.clientX - drag.x, dy = ev.clientY - drag.y;
-      if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
-      view.tx = drag.tx + dx; view.ty = drag.ty + dy;
-      requestDraw();
-      return;
-    }
-    if (ev.target === canvas) {
-      const h = hit(...toWorld(ev.clientX, ev.clientY));
-      const i = h && h.op !== undefined ? h.op : -1;
-      if (i !== hoverOp) { hoverOp = i; requestDraw(); }
-      if (h) showTip(ev, h.op !== undefined ? opTip(h.op) :
-        D.groups[h.group].label + " · " + D.groups[h.group].n + " handles · click to " +
-        (collapsed[h.group] ? "expand" : "collapse"));
-      else hideTip();
+  cy.on("mouseover", "node", (ev) => {
+    const t = ev.target, oe = ev.originalEvent;
+    if (t.hasClass("op")) {
+      hoverOp = t.data("i"); syncMarks();
+      if (oe) showTip(oe, opTip(hoverOp));
+    } else if (t.data("g") !== undefined && oe) {
+      const g = t.data("g");
+      showTip(oe, D.groups[g].label + " · " + D.groups[g].n + " handles · click " +
+        (collapsed[g] ? "to expand" : "its header to collapse"));
     }
   });
-  window.addEventListener("mouseup", () => { canvas.classList.remove("panning"); setTimeout(() => { drag = null; }, 0); });
-  canvas.addEventListener("click", (ev) => {
-    if (drag && drag.moved) return;
-    const h = hit(...toWorld(ev.clientX, ev.clientY));
-    if (!h) return;
-    if (h.op !== undefined) selectOp(h.op, "graph");
-    else setCollapsed(h.group, !collapsed[h.group]);
+  cy.on("mouseout", "node", (ev) => {
+    if (ev.target.hasClass("op") && hoverOp >= 0) { hoverOp = -1; syncMarks(); }
+    hideTip();
   });
-  canvas.addEventListener("mouseleave", () => { hideTip(); if (hoverOp >= 0) { hoverOp = -1; requestDraw(); } });
-  canvas.addEventListener("wheel", (ev) => {
-    ev.preventDefault();
-    const r = canvas.getBoundingClientRect();
-    const mx = ev.clientX - r.left, my = ev.clientY - r.top;
-    const f = Math.exp(-ev.deltaY * (ev.deltaMode ? 0.05 : 0.0015));
-    const s = Math.min(4, Math.max(0.01, view.scale * f));
-    view.tx = mx - (mx - view.tx) * (s / view.scale);
-    view.ty = my - (my - view.ty) * (s / view.scale);
-    view.scale = s;
-    requestDraw();
-  }, { passive: false });
+  graphBox.addEventListener("mouseleave", () => { hideTip(); if (hoverOp >= 0) { hoverOp = -1; syncMarks(); } });
 
   function showTip(ev, text) {
     tooltip.textContent = text;
@@ -891,37 +925,55 @@
   }
 
   // ---------------------------------------------------------------- self-test (browser tests)
+  // shown as Cytoscape.js styles them (display), not as the page's own state says
+  const shown = (n) => n.nonempty() && n.inside() && n.pstyle("display").value === "element";
+  const shownOps = () => cy.nodes("node.op").filter(shown).length;
+  const shownOp = (i) => shown(cy.getElementById(opId(i)));
   function screenOf(i) {
-    const r = canvas.getBoundingClientRect();
-    return [r.left + view.tx + (L.nodeX[i] + NODE_W / 2) * view.scale, r.top + view.ty + (L.nodeY[i] + NODE_H / 2) * view.scale];
+    const r = graphBox.getBoundingClientRect(), z = cy.zoom(), pan = cy.pan();
+    const p = { x: L.nodeX[i] + NODE_W / 2, y: L.nodeY[i] + NODE_H / 2 };
+    return [r.left + pan.x + p.x * z, r.top + pan.y + p.y * z];
   }
-  function click(target, x, y) {
-    target.dispatchEvent(new MouseEvent("click", { clientX: x, clientY: y, bubbles: true }));
+  function click(x, y) {
+    // press and release at a point of the screen, as a user would: the element there gets
+    // the events (Cytoscape.js turns them into a tap, the timeline into a click)
+    const target = document.elementFromPoint(x, y);
+    if (!target) throw new Error("no element at (" + x + ", " + y + ")");
+    const opts = { clientX: x, clientY: y, bubbles: true, cancelable: true, button: 0, buttons: 1, view: window };
+    target.dispatchEvent(new MouseEvent("mousedown", opts));
+    target.dispatchEvent(new MouseEvent("mouseup", { ...opts, buttons: 0 }));
+    target.dispatchEvent(new MouseEvent("click", { ...opts, buttons: 0 }));
   }
   function selfTest(params) {
     const out = { ready_ms: window.explorerReadyMs, ops: N, groups: D.groups.length,
-                  opened_collapsed: collapsed.every((c) => c), visible_at_open: L.visibleCount, checks: {} };
+                  library: "cytoscape " + cytoscape.version,
+                  opened_collapsed: collapsed.every((c) => c), visible_at_open: shownOps(), checks: {} };
     const ok = (name, cond, info) => { out.checks[name] = { ok: !!cond, info: info === undefined ? null : info }; };
-    setAll(false); draw();
-    ok("all_handles_present", L.visibleCount === N && new Set(D.ops.map((o, i) => i)).size === N, L.visibleCount);
+    setAll(false);
+    const all = shownOps();
+    ok("all_handles_present", all === N && cy.nodes("node.op").length === N &&
+       new Set(cy.nodes("node.op").map((n) => n.data("i"))).size === N, all);
     const q = params.get("var") || D.names[D.vars.find((v) => v[3] >= 0)[0]][0];
     setAll(true);
     const res = search(q, false);
-    ok("search_finds_var", res.vars.includes(q) && res.ops.length > 0,
+    ok("search_finds_var", res.vars.includes(q) && res.ops.length > 0 &&
+       res.ops.every((i) => shownOp(i) ? opNode[i].hasClass("match") : groupNode[D.ops[i].g].hasClass("match")),
        { vars: res.vars.length, ops: res.ops.length, text: $("search-summary") ? $("search-summary").textContent : null });
     const first = nextMatch(1);
     ok("jump_expands_and_selects", first >= 0 && !collapsed[D.ops[first].g] && selected === first &&
+       shownOp(first) && opNode[first].hasClass("sel") &&
        $("details-title").textContent === D.ops[first].n, first);
-    const g = D.ops[first].g, before = L.visibleCount;
-    setCollapsed(g, true); draw();
-    const hidden = groupOps[g].every((i) => collapsed[D.ops[i].g]);
-    ok("collapse_hides_members", hidden && L.visibleCount === before - D.groups[g].n, { before, after: L.visibleCount });
-    // click a handle through the canvas, as a user would
+    const g = D.ops[first].g, before = shownOps();
+    setCollapsed(g, true);
+    const after = shownOps();
+    const hidden = groupOps[g].every((i) => !shownOp(i));
+    ok("collapse_hides_members", hidden && after === before - D.groups[g].n, { before, after });
+    // click a handle in the graph, as a user would
     setCollapsed(g, false);
-    selected = -1; showSummary();
+    selected = -1; showSummary(); syncMarks();
     const target = groupOps[g][Math.floor(groupOps[g].length / 2)];
-    centerOn(L.nodeX[target] + NODE_W / 2, L.nodeY[target] + NODE_H / 2, 1); draw();
-    click(canvas, ...screenOf(target));
+    centerOn(L.nodeX[target] + NODE_W / 2, L.nodeY[target] + NODE_H / 2, 1);
+    click(...screenOf(target));
     ok("click_shows_details", selected === target && $("details-title").textContent === D.ops[target].n &&
        $("details").textContent.includes("predecessors"), D.ops[target].n);
     // click a var link in the details panel
@@ -931,24 +983,26 @@
       ok("var_details", $("details-title").textContent === link.dataset.var &&
          $("details").querySelectorAll("[data-var-row]").length === (versionsOf.get(link.dataset.var) || []).length, link.dataset.var);
     }
-    // collapse a group by clicking its header
+    // collapse a group by clicking its header (brought into view first)
     const b = L.groupBox[g];
-    click(canvas, canvas.getBoundingClientRect().left + view.tx + (b.x + b.w / 2) * view.scale,
-          canvas.getBoundingClientRect().top + view.ty + (b.y + 8) * view.scale);
-    ok("header_click_collapses", collapsed[g] === true);
+    centerOn(b.x + b.w / 2, b.y + cy.height() / 3);
+    const r = graphBox.getBoundingClientRect(), z = cy.zoom(), pan = cy.pan();
+    click(r.left + pan.x + (b.x + b.w / 2) * z, r.top + pan.y + (b.y + 8) * z);
+    ok("header_click_collapses", collapsed[g] === true && !groupOps[g].some(shownOp));
     if (T) {
       drawTimeline();
       ok("timeline_present", !$("timeline-pane").hidden && TL.lanes.length > 0, TL.lanes.map((l) => l.label));
-      ok("critical_path", T.critical.length > 0 && showCritical, T.critical.length);
-      // click the longest slice of the last step in the timeline
+      ok("critical_path", T.critical.length > 0 && showCritical && T.critical.every((i) => shownOp(i) ? opNode[i].hasClass("crit") : collapsed[D.ops[i].g]), T.critical.length);
+      // click the longest slice in the timeline
       let best = -1;
       T.events.forEach((e, k) => { if (best < 0 || e[3] > T.events[best][3]) best = k; });
       tlFit();
       const e = T.events[best];
-      const r = tlCanvas.getBoundingClientRect();
+      const tr = tlCanvas.getBoundingClientRect();
       selected = -1;
-      click(tlCanvas, r.left + tlX(e[2] + e[3] / 2), r.top + TL.top + TL.row[best] * TL.laneH + TL.laneH / 2);
+      click(tr.left + tlX(e[2] + e[3] / 2), tr.top + TL.top + TL.row[best] * TL.laneH + TL.laneH / 2);
       ok("timeline_selects_in_graph", selected === e[0] && !collapsed[D.ops[e[0]].g] &&
+         shownOp(e[0]) && opNode[e[0]].hasClass("sel") &&
          $("details-title").textContent === D.ops[e[0]].n, { op: e[0], selected });
     }
     out.passed = Object.values(out.checks).every((c) => c.ok);
@@ -960,12 +1014,11 @@
   // ---------------------------------------------------------------- start
   header();
   legend();
-  layout();
   buildTimeline();
   resize();
   tlFit();
   fit();
-  draw(); drawTimeline();
+  syncMarks(); drawTimeline();
   showSummary();
   window.explorerReadyMs = performance.now();
   window.addEventListener("resize", () => { resize(); });
@@ -981,7 +1034,7 @@
     if (params.get("expand") === "none") setAll(true);
     if (params.has("search")) { $("search").value = params.get("search"); search(params.get("search"), false); }
     if (params.has("select")) selectOp(+params.get("select"), "url");
-    if (params.has("zoom")) { view.scale = +params.get("zoom"); if (selected >= 0) reveal(selected, +params.get("zoom")); }
+    if (params.has("zoom")) { cy.zoom(+params.get("zoom")); if (selected >= 0) reveal(selected, +params.get("zoom")); }
   }
-  window.explorer = { data: D, layout: L, collapsed, selectOp, selectVar, search, setAll, fit, view };
+  window.explorer = { data: D, layout: L, collapsed, selectOp, selectVar, search, setAll, fit, cy };
 })();

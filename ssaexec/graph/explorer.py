@@ -2,16 +2,18 @@
 
 ``write_explorer(graph, path, trace=None)`` writes a page that opens offline in a
 browser: the page's script and style (``explorer.js``, ``explorer.css`` beside this
-module, package data) and the graph's data (JSON) are inlined into
-``explorer.html``; nothing is fetched when it opens.
+module, package data), the graph library it draws with (Cytoscape.js, pinned and
+vendored with its licence in ``vendor/``, see ``vendor/README.md``) and the graph's
+data (JSON) are inlined into ``explorer.html``; nothing is fetched when it opens.
 
-Why no JS graph library: the page must open a ResNet-50 graph on 8 places (about
-5,000 op handles and 15,000 edges) in a couple of seconds, collapsed into groups
-that expand in place. Layered layouts in the browser (dagre, ELK through
-Cytoscape.js) take tens of seconds on graphs that size and move everything when a
-group opens; an SVG node per handle makes pan and zoom sluggish. So the layout is
-computed here, once, from what the SSA graph already knows, and the page draws it
-on a ``<canvas>`` (culled to the view, labels only when they are legible):
+Cytoscape.js draws the graph: one node per op handle, one compound node per group
+(collapsing a group hides its handles and leaves a box), pan, zoom, selection and
+highlight classes. It is given preset positions, not one of its layouts: the page
+must open a ResNet-50 graph on 8 places (about 5,000 op handles and 15,000 edges)
+in a couple of seconds, collapsed into groups that expand in place, and a layered
+layout in the browser (dagre, ELK) takes tens of seconds on graphs that size and
+moves everything when a group opens. So the layout comes from what the SSA graph
+already knows, computed here once (ranks and slots) and placed by the page:
 
 * **columns** are lanes: one per place, and one in the middle for the handles that
   span every place (collectives, fetches);
@@ -55,12 +57,14 @@ from ..errors import SSAExecError
 from .analysis import critical_path, op_levels
 
 __all__ = ["explorer_data", "explorer_html", "write_explorer", "trace_summary",
-           "load_trace", "ROW_ORDER", "COLLAPSE_ABOVE"]
+           "load_trace", "ROW_ORDER", "COLLAPSE_ABOVE", "CYTOSCAPE_VERSION"]
 
 ROW_ORDER = ("forward", "backward", "optimize")
 COLLAPSE_ABOVE = 400    # graphs with more op handles open with every group collapsed
 _ATTR_CHARS = 200       # longest attribute value shown, in characters
 _SPAN = -1              # the lane of handles that span every place
+CYTOSCAPE_VERSION = "3.34.4"    # vendor/cytoscape.min.js (npm cytoscape, MIT; vendor/README.md)
+_LIBRARY = "vendor/cytoscape.min.js"
 
 
 # --- the data --------------------------------------------------------------------------------
@@ -356,7 +360,19 @@ def trace_summary(graph, trace):
 # --- the page --------------------------------------------------------------------------------
 
 def _asset(name):
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    path = resources.files(__package__)
+    for part in name.split("/"):
+        path = path.joinpath(part)
+    return path.read_text(encoding="utf-8")
+
+
+def _library():
+    # inlined in the page's <script>: it must not end that element (it never does; checked)
+    text = _asset(_LIBRARY)
+    if f'"{CYTOSCAPE_VERSION}"' not in text or "</script" in text.lower():
+        raise SSAExecError(f"{_LIBRARY} is not Cytoscape.js {CYTOSCAPE_VERSION}, or cannot be "
+                           "inlined in a <script>")
+    return text
 
 
 def _script_json(data):
@@ -375,7 +391,8 @@ def explorer_html(graph, trace=None, title=None, source=None):
     data = explorer_data(graph, trace=trace, title=title, source=source)
     page = _asset("explorer.html")
     parts = {"@TITLE@": _html_text(data["meta"]["title"]), "/*@CSS@*/": _asset("explorer.css"),
-             "/*@JS@*/": _asset("explorer.js"), "@DATA@": _script_json(data)}
+             "/*@LIB@*/": _library(), "/*@JS@*/": _asset("explorer.js"),
+             "@DATA@": _script_json(data)}
     missing = [k for k in parts if k not in page]
     if missing:
         raise SSAExecError(f"explorer.html has no {missing[0]} placeholder")
