@@ -55,6 +55,7 @@ from importlib import resources
 
 from ..errors import SSAExecError
 from .analysis import critical_path, op_levels
+from .ssa import ComputationOpHandle
 
 __all__ = ["explorer_data", "explorer_html", "write_explorer", "trace_summary",
            "load_trace", "ROW_ORDER", "COLLAPSE_ABOVE", "CYTOSCAPE_VERSION"]
@@ -247,7 +248,7 @@ def explorer_data(graph, trace=None, title=None, source=None):
 
     op_rows, kinds_used = [], {}
     for op in ops:
-        desc = getattr(op, "op", None) if op.kind == "compute" else None
+        desc = op.op if isinstance(op, ComputationOpHandle) else None
         row = {"n": op.name, "k": op.kind, "t": op.op_type,
                "p": op.place_idx if op.on_one_place else _SPAN,
                "s": op.section(), "st": op.stream, "g": group_of[op.id],
