@@ -62,27 +62,30 @@ def _load(path):
 
 
 def _steps(pe, loss, feed, warmup, steps):
+    """Step times, and the cores the process kept busy meanwhile (CPU time / wall)."""
     for _ in range(warmup):
         pe.run(fetch_list=[loss], feed=feed)
     times = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         pe.run(fetch_list=[loss], feed=feed)
         times.append(time.perf_counter() - t0)
-    return times
+    return times, (time.process_time() - cpu0) / (time.perf_counter() - wall0)
 
 
-def measure_places(main, startup, loss, places, batch, warmup, steps):
+def measure_places(main, startup, loss, places, batch, warmup, steps, torch_threads=None):
     """Median step seconds of one process with ``places`` CPU places (default strategies)."""
     from ssaexec.synthetic import synthetic_feed
     pe = se.ParallelExecutor(places=se.cpu_places(places), main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
+                             exec_strategy=se.ExecutionStrategy(torch_threads=torch_threads),
                              distributed=False)
     try:
-        times = _steps(pe, loss, synthetic_feed(main, batch * places), warmup, steps)
+        times, busy = _steps(pe, loss, synthetic_feed(main, batch * places), warmup, steps)
     finally:
         pe.close()
-    return statistics.median(times), times
+    return statistics.median(times), times, busy
 
 
 # --- the 2-process run ---------------------------------------------------------------------
@@ -97,14 +100,16 @@ def worker(args):
     sweep = calibrate.gloo_sweep()
     main, startup, loss = _load(args.program)
     pe = se.ParallelExecutor(places=[se.CPUPlace(0)], main_program=main,
-                             startup_program=startup, loss_name=loss, scope=se.Scope())
+                             startup_program=startup, loss_name=loss, scope=se.Scope(),
+                             exec_strategy=se.ExecutionStrategy(torch_threads=args.torch_threads))
     try:
-        times = _steps(pe, loss, synthetic_feed(main, args.batch, seed=rank), args.warmup,
-                       args.steps)
+        times, busy = _steps(pe, loss, synthetic_feed(main, args.batch, seed=rank),
+                             args.warmup, args.steps)
         threads = torch.get_num_threads()
     finally:
         pe.close()
-    out = {"rank": rank, "gloo": sweep, "times": times, "torch_threads": threads}
+    out = {"rank": rank, "gloo": sweep, "times": times, "busy": busy,
+           "torch_threads": threads}
     Path(args.worker, f"rank{rank}.json").write_text(json.dumps(out))
     se.distributed.shutdown()
 
@@ -130,7 +135,9 @@ def run_workers(args, world=2, timeout=300):
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", out, "--program", args.program,
                  "--batch", str(args.batch), "--steps", str(args.steps),
-                 "--warmup", str(args.warmup)], env=env, cwd=REPO,
+                 "--warmup", str(args.warmup)] +
+                (["--torch-threads", str(args.torch_threads)] if args.torch_threads else []),
+                env=env, cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         try:
             logs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -157,28 +164,32 @@ def one_round(args, main, startup, loss, k):
     gloo = [(s, max(r["gloo"][i][1] for r in ranks)) for i, (s, _) in
             enumerate(ranks[0]["gloo"])]
     cluster = calibrate.cpu_cluster(host, local, gloo)
+    want = {name: args.torch_threads or threads for name, _, _, threads in CONFIGS}
     profiles = {t: sim.Profile.measure(main, startup, batch=args.batch, threads=t,
                                        steps=args.profile_steps,
                                        readable_extra_s=host["readable_extra_s"])
-                for t in (2, 1)}
+                for t in sorted(set(want.values()))}
     rows = []
-    for name, n, layout, threads in CONFIGS:
-        pred = sim.predict(main, profiles[threads], cluster, n, layout)
+    for name, n, layout, _ in CONFIGS:
+        pred = sim.predict(main, profiles[want[name]], cluster, n, layout)
         if layout == "process-per-gpu":
-            meas, times = statistics.median(two_proc), two_proc
+            meas, times, busy = statistics.median(two_proc), two_proc, \
+                sum(r["busy"] for r in ranks)
         else:
-            meas, times = measure_places(main, startup, loss, n, args.batch, args.warmup,
-                                         args.steps)
+            meas, times, busy = measure_places(main, startup, loss, n, args.batch, args.warmup,
+                                               args.steps, args.torch_threads)
         rows.append({"config": name, "ranks": n, "layout": layout,
                      "predicted_ms": pred.step_s * 1e3, "measured_ms": meas * 1e3,
                      "error": pred.step_s / meas - 1, "measured_steps_ms":
-                     [t * 1e3 for t in times], "predicted_inline": pred.result.inline,
+                     [t * 1e3 for t in times], "cores_busy": busy,
+                     "predicted_inline": pred.result.inline,
                      "bound_by": pred.bound_by(),
                      "critical_path_ms": {c: v * 1e3 for c, v in
                                           pred.result.critical_summary().items()},
                      "notes": pred.notes})
         print(f"  round {k + 1}: {name:<20} predicted {pred.step_s * 1e3:7.2f} ms  measured "
-              f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%})", flush=True)
+              f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%}), {busy:.2f} cores busy",
+              flush=True)
     return {"round": k + 1, "loadavg": load, "seconds": time.perf_counter() - t0,
             "cluster": cluster.to_dict(), "host": host, "local_sum": local, "gloo": gloo,
             "profile_device_ms": {t: p.total_device_s() * 1e3 for t, p in profiles.items()},
@@ -193,6 +204,7 @@ def summarise(rounds):
         errs = [r["rows"][i]["error"] for r in rounds]
         out.append({"config": name, "predicted_ms": pred, "measured_ms": meas,
                     "error": pred / meas - 1, "round_errors": errs,
+                    "cores_busy": statistics.median(r["rows"][i]["cores_busy"] for r in rounds),
                     "within_target": abs(pred / meas - 1) <= TARGET,
                     "bound_by": rounds[-1]["rows"][i]["bound_by"]})
     return out
@@ -202,13 +214,15 @@ def markdown(summary, machine, args):
     lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
              f"{machine['date']} (load average at start {machine['loadavg_start']}); "
              f"program `{args.program}`, batch {args.batch} per place, {args.rounds} rounds "
-             f"of {args.steps} steps.", "",
+             f"of {args.steps} steps, torch threads per place: "
+             f"{args.torch_threads or 'the executor default (2 for 1 place, else 1)'}.", "",
              "| configuration | predicted ms/step | measured ms/step | error | within 15 % | "
-             "bound by (prediction) |", "|---|---:|---:|---:|---|---|"]
+             "cores busy (measured) | bound by (prediction) |",
+             "|---|---:|---:|---:|---|---:|---|"]
     for s in summary:
         lines.append(f"| {s['config']} | {s['predicted_ms']:.2f} | {s['measured_ms']:.2f} | "
                      f"{s['error']:+.1%} | {'yes' if s['within_target'] else '**no**'} | "
-                     f"{s['bound_by']} |")
+                     f"{s['cores_busy']:.2f} | {s['bound_by']} |")
     return "\n".join(lines)
 
 
@@ -221,6 +235,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=12, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=4)
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch threads per place everywhere (default: the executor's choice, "
+                        "cores // places; 1 avoids OpenMP's spin-waits on a busy machine)")
     p.add_argument("--json", default="out/validate_sim.json")
     p.add_argument("--markdown", action="store_true", help="print the docs table")
     p.add_argument("--worker", help=argparse.SUPPRESS)
