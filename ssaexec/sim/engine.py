@@ -225,8 +225,11 @@ class _Replay:
         self.notes = []
         nodes_per_machine, g = cluster.layout(self.ranks)
         self.procs_per_node = max(1, g // self.P)
-        # the processes of one node share its cores (CPU places run kernels on them)
-        cores = max(1, int(cluster.host.cores // self.procs_per_node))
+        # the processes of one node share its cores (CPU places run kernels on them);
+        # with fewer cores than processes each runs at its time-slice of one core
+        share = cluster.host.cores / self.procs_per_node
+        cores = max(1, int(share))
+        self.slowdown = 1.0 if self.gpu or share >= 1 else 1.0 / share
         self.cores = [_Slot() for _ in range(cores)]
         torch_threads = max(1, cores // self.P)
         self.kernel_cores = min(cores, profile.threads or torch_threads)
@@ -306,6 +309,7 @@ class _Replay:
         """Book ``seconds`` of host work on ``thread`` at ``now``; return its end."""
         if seconds <= 0:
             return self.now
+        seconds *= self.slowdown
         f = self.host.gil_fraction if gil_fraction is None else gil_fraction
         gil = seconds * f
         cands = [(self.now, thread.last), (self.gil.free, self.gil.last)]
@@ -328,6 +332,7 @@ class _Replay:
         """A CPU place's kernel: ``ncores`` cores for ``seconds`` on the calling thread."""
         if seconds <= 0:
             return self.now
+        seconds *= self.slowdown
         k = ncores or self.kernel_cores
         chosen = sorted(self.cores, key=lambda c: c.free)[:k]
         start, prev = _latest([(self.now, thread.last)] + [(c.free, c.last) for c in chosen])

@@ -43,11 +43,13 @@ def format_scaling(predictions, program="", cluster=None, profile=None):
         lines.append(f"ssaexec simulate: {program}")
     if cluster is not None:
         lines.append(f"  cluster  {cluster.name}: {cluster.description}")
+    unit = "GPU" if cluster is None or cluster.device.kind == "gpu" else "place"
     if profile is not None:
-        lines.append(f"  profile  {profile.source}; batch {profile.batch} per GPU")
+        lines.append(f"  profile  {profile.source}; batch {profile.batch} per {unit}")
     best = best_per_size(predictions)
     lines.append("")
-    lines.append(f"{'GPUs':>6} {'nodes':>5}  {'best configuration':<34} {'step ms':>9} "
+    lines.append(f"{unit.upper() + 's' if unit == 'GPU' else 'places':>6} {'nodes':>5}  "
+                 f"{'best configuration':<34} {'step ms':>9} "
                  f"{'images/s':>9} {'eff':>6} {'comm exposed':>12}  bound by")
     for n, p in sorted(best.items()):
         nodes = max(1, -(-n // cluster.gpus_per_node)) if cluster is not None else "-"
@@ -57,9 +59,10 @@ def format_scaling(predictions, program="", cluster=None, profile=None):
     configs = _configs(predictions)
     if len(configs) > 1:
         lines.append("")
-        lines.append("images/sec by layout (efficiency against one GPU of the same layout):")
+        lines.append(f"images/sec by layout (efficiency against one {unit} of the same "
+                     "layout):")
         width = max(24, max(len(c) for c in configs) + 2)
-        lines.append(f"{'GPUs':>6}  " + "".join(f"{c:>{width}}" for c in configs))
+        lines.append(f"{unit + 's':>6}  " + "".join(f"{c:>{width}}" for c in configs))
         by = {(p.ranks, p.label): p for p in predictions}
         for n in sorted(best):
             cells = []
@@ -73,7 +76,7 @@ def format_scaling(predictions, program="", cluster=None, profile=None):
     top_n = max(best)
     p = best[top_n]
     lines.append("")
-    lines.append(f"critical path at {top_n} GPUs ({p.label}), by time on it:")
+    lines.append(f"critical path at {top_n} {unit}s ({p.label}), by time on it:")
     total = sum(p.result.critical_summary().values()) or 1.0
     for label, cat, s, count in p.result.critical_top(6):
         lines.append(f"  {label:<28} {cat:<7} {s * 1e3:9.3f} ms {s / total:6.1%}  "
