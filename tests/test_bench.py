@@ -37,6 +37,7 @@ def _losses_both_ways(main, startup, loss, twin, feed, steps=2):
                                 dict(depth=18, image_size=72, base=4),      # ImageNet stem
                                 dict(depth=50, image_size=16, base=4),
                                 dict(depth=50, image_size=16, base=16, cardinality=4, width=4)])
+@pytest.mark.slow
 def test_resnet_twin_matches_builder(kw):
     main, startup, loss = build_resnet(optimizer=make_optimizer("momentum", 0.01), **kw)
     twin = twins.ResNet(**kw)

@@ -18,6 +18,7 @@ def test_the_split_is_disjoint_and_seeded():
     assert len(y) + len(yt) == 1797 and len(yt) == 359
 
 
+@pytest.mark.slow
 def test_two_epochs_on_two_places_learn_far_above_chance(tmp_path):
     ckpt = tmp_path / "digits.safetensors"
     lines = []

@@ -162,6 +162,7 @@ def _check(result):
     assert result.get("passed") and not failed, result.get("error") or failed
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_browser_small_resnet_on_8_places(tmp_path):
     page = tmp_path / "graph.html"
@@ -175,6 +176,7 @@ def test_browser_small_resnet_on_8_places(tmp_path):
     assert r["checks"]["search_finds_var"]["info"]["ops"] > 0
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_browser_with_trace_timeline_and_critical_path(tmp_path, mlp_trace):
     g, trace = mlp_trace

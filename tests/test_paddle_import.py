@@ -81,6 +81,7 @@ def test_schema_field_numbers_are_paddles():
         assert {f.name: f.number for f in desc.fields if f.name in fields} == fields, message
 
 
+@pytest.mark.slow
 def test_reading_without_protobuf_says_how_to_install_it():
     code = ("import sys; sys.modules['google.protobuf'] = None\n"
             "import ssaexec as se\n"
@@ -113,6 +114,7 @@ def test_mlp_trains_like_torch(optimizer, scalar_loss):
                                        atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("places", [1, 2])
 def test_cnn_with_batch_norm_and_adam_trains_like_torch(places):
     m = pm.cnn("adam")
@@ -520,6 +522,7 @@ def _check_fixtures():
     return check_fixtures
 
 
+@pytest.mark.slow
 def test_committed_fixtures():
     data = FIXTURES / "data"
     if not (data / "cnn.losses.json").is_file():
