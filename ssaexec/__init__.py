@@ -18,6 +18,7 @@ from .graph.ssa import SSAGraph
 from .graph.build import build_ssa_graph
 from .parallel_executor import ParallelExecutor
 from .data import DataLoader
+from .prefetch import PrefetchLoader
 from .checkpoint import load_checkpoint, save_checkpoint
 from .frontends.torch import from_torch, from_torch_eval, write_back
 from .frontends.paddle import from_paddle
@@ -33,7 +34,7 @@ __all__ = [
     "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
-    "DataLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
+    "DataLoader", "PrefetchLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
     "save_checkpoint", "load_checkpoint", "simulate",
 ]
 

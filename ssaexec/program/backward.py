@@ -19,7 +19,7 @@ from ..errors import ProgramError
 from ..ops.registry import get_op_def
 from .desc import EMPTY_VAR, grad_var_name
 
-__all__ = ["append_backward"]
+__all__ = ["append_backward", "append_grad_ops", "register_block_grad"]
 
 
 def _loss_op_index(block, loss_name):
@@ -73,21 +73,71 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
         wanted = {p if isinstance(p, str) else p.name for p in parameter_list}
         params = [p for p in params if p in wanted]
 
+    def seed_loss():
+        seed = grad_var_name(loss_name)
+        if seed not in block.vars:
+            block.create_var(seed, loss_var.shape, loss_var.dtype)
+        block.append_op("fill_constant", outputs={"Out": [seed]},
+                        attrs={"shape": loss_var.shape or [], "value": 1.0,
+                               "dtype": loss_var.dtype}, role="loss")
+
+    append_grad_ops(block, block, block.ops[: loss_idx + 1], [loss_name],
+                    [p for p in params if p not in no_grad], params, no_grad, seed_loss)
+    return [(block.var(p), block.var(grad_var_name(p))) for p in params
+            if grad_var_name(p) in block.vars]
+
+
+# op type -> maker(block, forward op, grad op): builds the grad op's sub-block
+_BLOCK_GRAD_MAKERS = {}
+
+
+def register_block_grad(op_type, maker):
+    """Have ``append_backward`` call ``maker(block, op, grad_op)`` after making the grad op of
+    every ``op_type`` op (an op owning a sub-block, whose grad op needs one too)."""
+    _BLOCK_GRAD_MAKERS[op_type] = maker
+    return maker
+
+
+def append_grad_ops(src, dst, fwd_ops, seeds, targets, params, no_grad=(), before=None):
+    """Append to ``dst`` the grad ops that carry the gradients of ``seeds`` back to ``targets``.
+
+    Parameters
+    ----------
+    src : BlockDesc
+        The block declaring the forward vars (looked up through its ancestors).
+    dst : BlockDesc
+        Where grad vars are declared (unless visible there already) and grad ops go:
+        ``src`` itself for ``append_backward``, a grad sub-block for an op owning one.
+    fwd_ops : list of OpDesc
+        The forward ops, in program order.
+    seeds : list of str
+        Vars whose gradient ``X@GRAD`` exists already (the loss, a sub-block's outputs).
+    targets : list of str
+        Vars to differentiate with respect to (trainable parameters, inputs).
+    params : list of str
+        Vars whose final gradient op carries ``role_var`` (all-reduced by the graph).
+    no_grad : iterable of str
+        Vars that get no gradient.
+    before : callable, optional
+        Called once the forward ops are checked, before the first grad op (to seed).
+    """
+    no_grad = set(no_grad)
+
     def trainable(name):
-        var = block.find_var(name)
+        var = src.find_var(name)
         return var is not None and not var.stop_gradient and name not in no_grad
 
-    fwd_ops = block.ops[: loss_idx + 1]
     defs = [get_op_def(op.type) for op in fwd_ops]
+    seeds = set(seeds)
 
     # Forward sweep: which vars carry a dependence on something trainable.
-    needs = {p for p in params if p not in no_grad}
+    needs = set(targets)
     writer = {}
     for i, (op, od) in enumerate(zip(fwd_ops, defs, strict=True)):
         if op.role != "forward":
             continue
         for _, _, n in _diff_outputs(od, op):
-            if n in writer and n in needs | {loss_name}:
+            if n in writer and n in needs | seeds:
                 raise ProgramError(
                     f"append_backward: var {n!r} is written by op {writer[n]} "
                     f"({fwd_ops[writer[n]].type}) and op {i} ({op.type}); gradients need each "
@@ -96,8 +146,8 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
         if any(n in needs for _, _, n in _diff_inputs(od, op)):
             needs.update(n for _, _, n in _diff_outputs(od, op) if trainable(n))
 
-    # Backward sweep: which vars reach the loss.
-    reaches = {loss_name}
+    # Backward sweep: which vars reach a seed.
+    reaches = set(seeds)
     included = []
     for i in range(len(fwd_ops) - 1, -1, -1):
         op, od = fwd_ops[i], defs[i]
@@ -119,18 +169,16 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
                 pending[n] = pending.get(n, 0) + 1
     total = dict(pending)
     renames = {}
-    has_grad = {loss_name}
+    has_grad = set(seeds)
 
     def new_grad_var(name, grad_name):
-        src = block.var(name)
-        if grad_name not in block.vars:
-            block.create_var(grad_name, src.shape, src.dtype)
+        src_var = src.var(name)
+        if grad_name not in dst.vars:
+            dst.create_var(grad_name, src_var.shape, src_var.dtype)
         return grad_name
 
-    seed = new_grad_var(loss_name, grad_var_name(loss_name))
-    block.append_op("fill_constant", outputs={"Out": [seed]},
-                    attrs={"shape": loss_var.shape or [], "value": 1.0,
-                           "dtype": loss_var.dtype}, role="loss")
+    if before is not None:
+        before()
     param_set = set(params)
 
     for i in included:
@@ -168,15 +216,16 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
                if not (k.endswith("@GRAD") and all(x == EMPTY_VAR for x in v))}
         role_var = [(n, grad_var_name(n)) for n in finished
                     if n in param_set and total[n] == 1]
-        block.append_op(gdef.type, ins, outs, dict(op.attrs), role="backward",
-                        role_var=role_var)
+        grad_op = dst.append_op(gdef.type, ins, outs, dict(op.attrs), role="backward",
+                                role_var=role_var)
+        maker = _BLOCK_GRAD_MAKERS.get(op.type)
+        if maker is not None:
+            maker(dst, op, grad_op)
         for n in finished:
             if total[n] > 1:
                 parts = [f"{grad_var_name(n)}@RENAME@{k}" for k in range(total[n])]
-                block.append_op("sum", {"X": parts}, {"Out": [new_grad_var(n, grad_var_name(n))]},
-                                role="backward",
-                                role_var=[(n, grad_var_name(n))] if n in param_set else None)
+                dst.append_op("sum", {"X": parts}, {"Out": [new_grad_var(n, grad_var_name(n))]},
+                              role="backward",
+                              role_var=[(n, grad_var_name(n))] if n in param_set else None)
             has_grad.add(n)
-
-    return [(block.var(p), block.var(grad_var_name(p))) for p in params
-            if grad_var_name(p) in block.vars]
+    return has_grad

@@ -513,7 +513,8 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
     op = h.op
     call = OpCall(op, h.op_index, em.program, em.device)
     scope_of, place = em.scope_of, em.place
-    ctx = BlockContext(op, lambda idx, env: call._run_block(idx, env, scope_of(), place))
+    ctx = BlockContext(op, lambda idx, env: call._run_block(idx, env, scope_of(), place),
+                       scope_of, place, em.program)
     ins_src = _slots_src(od, op, lambda n: em.local[id(by_name[n])])
     em.emit(f"_o = {em.const(od.kernel, 'k')}({ins_src}, {em.const(attrs, 'a')}, "
             f"{em.const(ctx, 'ctx')})", h)

@@ -18,13 +18,29 @@ __all__ = ["OpCall", "BlockContext"]
 
 
 class BlockContext:
-    """What a control op's kernel gets: its ``op`` and ``run_block(idx, env)``."""
+    """What a control op's kernel gets: its ``op``, ``run_block(idx, env)`` and ``run_places``.
 
-    __slots__ = ("op", "run_block")
+    ``scope_of()`` returns the scope the op runs against (looked up per call: a
+    compiled runner rebinds its scopes between steps).
+    """
 
-    def __init__(self, op, run_block):
+    __slots__ = ("op", "run_block", "scope_of", "place", "program")
+
+    def __init__(self, op, run_block, scope_of=None, place=None, program=None):
         self.op = op
         self.run_block = run_block
+        self.scope_of = scope_of
+        self.place = place
+        self.program = program
+
+    def run_places(self, idx, envs, places, keep):
+        """Run block ``idx`` once per place, side by side (``runtime.parallel_block``).
+
+        ``envs[k]`` holds place ``k``'s own values; other names are read from the
+        op's scope. Returns, per place, ``{name: value}`` for the names in ``keep``.
+        """
+        from .parallel_block import run_places
+        return run_places(self.program, idx, envs, places, keep, self.scope_of(), self.place)
 
 
 class _EnvScope:
@@ -101,7 +117,8 @@ class OpCall:
                 outs = self.kernel(ins, self.attrs, self.wanted)
             else:
                 outs = self.kernel(ins, self.attrs, BlockContext(
-                    self.op, lambda idx, env: self._run_block(idx, env, scope, place)))
+                    self.op, lambda idx, env: self._run_block(idx, env, scope, place),
+                    lambda: scope, place, self.program))
         except SSAExecError:
             raise
         except Exception as e:
