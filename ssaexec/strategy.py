@@ -54,19 +54,25 @@ class BuildStrategy:
         Multi-process runs: start each cross-process all-reduce and go on, completing
         it in a separate wait handle that only its readers wait for, so several are in
         flight while backward runs (``graph.ssa.AllReduceWaitOpHandle``).
+    sparse_gradients : bool
+        True (default): an embedding declared ``is_sparse`` gets a sparse gradient (the
+        rows its batch touched), merged across places by gathering rows and values and
+        applied by row updates (``ops.sparse``). False: the dense fallback, a dense
+        gradient all-reduced (and bucketed) like any other.
     """
 
     __slots__ = ("reduce_strategy", "gradient_scale_strategy", "debug_graphviz_path",
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
                  "num_trainers", "trainer_id", "debug_distributed",
                  "gradient_accumulation_steps", "allreduce_dtype", "zero_stage",
-                 "async_allreduce")
+                 "async_allreduce", "sparse_gradients")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
                  fuse_all_reduce_ops=False, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
                  debug_distributed=False, gradient_accumulation_steps=1,
-                 allreduce_dtype=None, zero_stage=0, async_allreduce=True):
+                 allreduce_dtype=None, zero_stage=0, async_allreduce=True,
+                 sparse_gradients=True):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -91,6 +97,7 @@ class BuildStrategy:
         self.allreduce_dtype = _check("allreduce_dtype", allreduce_dtype, (None, "bf16", "fp16"))
         self.zero_stage = _check("zero_stage", zero_stage, (0, 1, 2))
         self.async_allreduce = bool(async_allreduce)
+        self.sparse_gradients = bool(sparse_gradients)
         if zero_stage == 1 and reduce_strategy == "reduce":
             raise SSAExecError("zero_stage=1 all-reduces gradients, which contradicts "
                                "reduce_strategy='reduce' (that is zero_stage=2's graph)")

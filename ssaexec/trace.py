@@ -8,7 +8,8 @@ end. ``chrome_trace`` turns the records into ``{"traceEvents": [...]}``:
 * one ``"X"`` (complete) event per executed op handle per step: ``name`` is the
   handle's name, ``cat`` its kind, ``ts``/``dur`` in microseconds from the
   first traced step's start, ``args`` the step, op id, op type and the vars it
-  reads and writes;
+  reads and writes (with ``memory=True`` also ``output_bytes``: the bytes of each
+  var it wrote, a sparse gradient counting its rows and values);
 * ``pid`` is the *lane*: one per place (named ``cpu:0``, ...), then one for
   the collectives and one for the fetches, which span every place; ``tid`` is
   the thread, numbered in order of appearance and named after the Python
@@ -35,6 +36,7 @@ import time
 
 from .errors import SSAExecError
 from .executor import fetch_names
+from .ops.sparse import nbytes
 
 __all__ = ["OpTimer", "TraceResult", "trace_steps", "chrome_trace", "write_chrome_trace"]
 
@@ -44,38 +46,53 @@ class OpTimer:
 
     ``records`` is a list of ``(step, op_id, thread_ident, start_ns, end_ns)``;
     ``threads`` maps a thread ident to its name. Set ``step`` before each run.
+    Given the places' ``scopes``, ``output_bytes[(step, op_id)]`` also holds the bytes
+    of every var version the op wrote, as it stands when the op ends (a sparse
+    gradient counts its rows and values, ``ops.sparse.nbytes``).
     """
 
-    def __init__(self):
+    def __init__(self, scopes=None):
         self.step = 0
         self.records = []
         self.threads = {}
+        self.scopes = scopes
+        self.output_bytes = {}
 
     def __call__(self, op, ident, start_ns, end_ns):
         threads = self.threads
         if ident not in threads:
             threads[ident] = threading.current_thread().name
         self.records.append((self.step, op.id, ident, start_ns, end_ns))  # atomic append
+        if self.scopes is not None:
+            sizes = {}
+            for v in op.outputs:
+                t = None if v.is_dummy else self.scopes[v.place_idx].find_var(v.name)
+                if t is not None:
+                    sizes[_var_label(v, not op.on_one_place)] = nbytes(t)
+            self.output_bytes[(self.step, op.id)] = sizes
 
 
 class TraceResult:
     """What ``trace_steps`` measured: op records, step spans and fetched values."""
 
-    __slots__ = ("graph", "records", "threads", "steps", "fetched")
+    __slots__ = ("graph", "records", "threads", "steps", "fetched", "output_bytes")
 
-    def __init__(self, graph, records, threads, steps, fetched):
+    def __init__(self, graph, records, threads, steps, fetched, output_bytes=None):
         self.graph = graph
         self.records = records
         self.threads = threads
         self.steps = steps          # [(step, start_ns, end_ns)]
         self.fetched = fetched      # [list of fetched values per step]
+        self.output_bytes = output_bytes or {}  # (step, op id) -> {var label: bytes}
 
     def to_chrome(self, metadata=None):
         """The Chrome trace dict (see the module docstring)."""
-        return chrome_trace(self.graph, self.records, self.threads, self.steps, metadata)
+        return chrome_trace(self.graph, self.records, self.threads, self.steps, metadata,
+                            self.output_bytes)
 
 
-def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step=None):
+def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step=None,
+                memory=False):
     """Run ``warmup`` untimed steps, then ``steps`` traced steps of ``pe``.
 
     Parameters
@@ -90,6 +107,8 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
         Synchronise the device after every op on CUDA places (see module docstring).
     on_step : callable, optional
         ``on_step(k, fetched, seconds)`` after every traced step (1-based ``k``).
+    memory : bool
+        Also record the bytes of every var each op wrote (``args.output_bytes``).
 
     Returns
     -------
@@ -100,7 +119,7 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
     for k in range(warmup):
         pe.run(fetch_list=list(fetch), feed=feed_of(k))
     spans, fetched = [], []
-    timer = OpTimer()
+    timer = OpTimer(pe.local_scopes if memory else None)
     with pe.observe(fetch, timer, cuda_sync) as graph:
         for s in range(1, steps + 1):
             timer.step = s
@@ -112,7 +131,8 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
             fetched.append(values)
             if on_step is not None:
                 on_step(s, values, (t1 - t0) / 1e9)
-    return TraceResult(graph, list(timer.records), dict(timer.threads), spans, fetched)
+    return TraceResult(graph, list(timer.records), dict(timer.threads), spans, fetched,
+                       dict(timer.output_bytes))
 
 
 def _lanes(graph):
@@ -128,7 +148,7 @@ def _var_label(v, with_place):
     return f"{v.name}@v{v.version}" + (f"[{v.place}]" if with_place else "")
 
 
-def chrome_trace(graph, records, threads, steps=(), metadata=None):
+def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=None):
     """Build the Chrome trace dict from ``OpTimer`` records (see the module docstring)."""
     lane_names, coll_pid, fetch_pid, step_pid = _lanes(graph)
     origin = min([r[3] for r in records] + [s[1] for s in steps], default=0)
@@ -155,6 +175,8 @@ def chrome_trace(graph, records, threads, steps=(), metadata=None):
                 "inputs": [_var_label(v, multi) for v in op.inputs if not v.is_dummy],
                 "outputs": [_var_label(v, multi) for v in op.outputs if not v.is_dummy]}
         args.update(op.details())
+        if output_bytes and (step, op_id) in output_bytes:
+            args["output_bytes"] = output_bytes[(step, op_id)]
         events.append({"name": op.name, "cat": op.kind, "ph": "X", "pid": pid, "tid": tid,
                        "ts": (t0 - origin) / 1000.0, "dur": max(t1 - t0, 0) / 1000.0,
                        "args": args})

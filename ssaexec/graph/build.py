@@ -16,7 +16,10 @@ edges). Then, as RAF's AutoDataParallel pass does after autodiff:
   each bucket gets one all-reduce when it fills (or when an op reads one of
   its gradients, or at the end of the program);
 * all collectives are chained by dummy edges in the order they were created,
-  which is the program order and so the same on every process.
+  which is the program order and so the same on every process;
+* a sparse gradient (a grad op with ``is_sparse``, ``ops.sparse``) is all-reduced
+  alone, never put in a bucket (its rows and values are gathered, not flattened),
+  or made dense in the graph's copy of the op with ``sparse_gradients=False``.
 
 Ops owning sub-blocks become one handle whose reads and writes include those
 of their sub-blocks (names declared outside the sub-block).
@@ -24,7 +27,7 @@ of their sub-blocks (names declared outside the sub-block).
 
 from ..errors import GraphError, ProgramError
 from ..dtypes import torch_dtype
-from ..program.desc import EMPTY_VAR, Program
+from ..program.desc import EMPTY_VAR, OpDesc, Program
 from ..place import Place
 from ..strategy import BuildStrategy
 from .fuse import GradBucketer
@@ -134,6 +137,7 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
     if owner_mode:
         g.param_owner = grad_owners(program, param_grads, n)
     chain = []
+    sparse_vars = set()  # sparse gradients made so far (ops.sparse)
     last_on_place = [None] * n
     bucketer = None
     if strategy.fuse_all_reduce_ops and not reduce_mode:
@@ -154,6 +158,12 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
                                  "op lists it in role_var, so the reduce strategy has no owner "
                                  "place for it")
             targets = [g.param_owner[p]]
+        sparse = op.role == "backward" and (op.attrs.get("is_sparse") is True or (
+            op.type == "sum" and set(op.input_names()) <= sparse_vars))  # sparse + sparse
+        if sparse and not strategy.sparse_gradients:
+            op, sparse = _dense_grad(op), False
+        if sparse:
+            sparse_vars.update(op.output_names())
         reads, writes = op_reads_writes(program, op)
         for pi in targets:
             h = g.add_op(ComputationOpHandle(op, i, places[pi], pi))
@@ -169,12 +179,12 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
             for p, grad in op.role_var:
                 if reduce_mode:
                     chain.append(_reduce(g, grad, g.param_owner[p]))
-                elif bucketer is not None:
+                elif bucketer is not None and not sparse:  # rows and values: not flattened
                     var = block.find_var(grad)
                     for names in bucketer.add(grad, _nbytes(program, grad, wire), var.dtype):
                         chain.append(_all_reduce(g, names, wire))
                 else:
-                    chain.append(_all_reduce(g, [grad], wire))
+                    chain.append(_all_reduce(g, [grad], None if sparse else wire))
         if owner_mode and op.role == "optimize" and op.role_var and n > 1:
             p = op.role_var[0][0]
             chain.append(_broadcast(g, [p], g.param_owner[p]))
@@ -202,6 +212,13 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
         with open(strategy.debug_graphviz_path, "w", encoding="utf-8") as f:
             f.write(g.to_dot())
     return g
+
+
+def _dense_grad(op):
+    # BuildStrategy(sparse_gradients=False): this graph's copy of the grad op makes a
+    # dense gradient (the program keeps its is_sparse)
+    return OpDesc(op.type, op.inputs, op.outputs, dict(op.attrs, is_sparse=False), op.role,
+                  op.role_var)
 
 
 def _scale_loss_grad(g, op, index, strategy, ranks):

@@ -156,8 +156,11 @@ def dropout_grad(ins, attrs, wanted):
     return {"X@GRAD": g * ins["Mask"].to(g.dtype) * _keep_scale(p)}
 
 
-@register_op("lookup_table", ["W", "Ids!"], ["Out"], {"padding_idx": ("int", -1)})
+@register_op("lookup_table", ["W", "Ids!"], ["Out"],
+             {"padding_idx": ("int", -1), "is_sparse": ("bool", False)})
 def lookup_table(ins, attrs):
-    """Out = rows of W picked by Ids (embedding); rows at ``padding_idx`` get no gradient."""
+    """Out = rows of W picked by Ids (embedding); rows at ``padding_idx`` get no gradient.
+
+    Its gradient (``ops.sparse``) is sparse, the touched rows only, with ``is_sparse``."""
     pad = attrs["padding_idx"]
     return {"Out": F.embedding(ins["Ids"], ins["W"], padding_idx=None if pad < 0 else pad)}

@@ -10,11 +10,17 @@ the parameter directly (AdamW).
 ``SkipUpdate`` (optional, a 0-dim tensor; fp16 loss scaling sets it): when it is
 nonzero the update is computed and thrown away, so parameters and state keep their
 values, decided on the device without a host sync (CUDA graphs can replay it).
+
+A sparse ``Grad`` (an embedding's, ``ops.sparse``): ``sgd`` updates its rows only,
+``adam`` with ``lazy_mode`` the rows and their moments only, ``momentum`` and ``adam``
+otherwise the dense way on the densified gradient; the fused passes update such
+parameters alone.
 """
 
 import torch
 
 from .registry import register_op
+from .sparse import adam_rows, dense, sgd_rows
 
 
 def _decayed(grad, param, wd):
@@ -47,6 +53,9 @@ def _skippable(*updated):
 def sgd(ins, attrs):
     """ParamOut = Param - lr * (Grad + wd * Param)."""
     p = ins["Param"]
+    if ins["Grad"].is_sparse:  # the touched rows only (ops.sparse)
+        sgd_rows(p, ins["Grad"], ins["LearningRate"], attrs["weight_decay"])
+        return {"ParamOut": p}
     g = _decayed(ins["Grad"], p, attrs["weight_decay"])
     p.sub_(g * ins["LearningRate"])
     return {"ParamOut": p}
@@ -60,7 +69,7 @@ def sgd(ins, attrs):
 def momentum(ins, attrs):
     """Velocity = mu * Velocity + g; Param -= lr * (g + mu * Velocity if Nesterov else Velocity)."""
     p, v, lr, mu = ins["Param"], ins["Velocity"], ins["LearningRate"], attrs["mu"]
-    g = _decayed(ins["Grad"], p, attrs["weight_decay"])
+    g = _decayed(dense(ins["Grad"]), p, attrs["weight_decay"])
     v.mul_(mu).add_(g)
     step = g.add(v, alpha=mu) if attrs["use_nesterov"] else v
     p.sub_(step * lr)
@@ -71,7 +80,8 @@ def momentum(ins, attrs):
                       "Beta2Pow", "SkipUpdate?"],
              ["ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut"],
              {"beta1": ("float", 0.9), "beta2": ("float", 0.999), "epsilon": ("float", 1e-8),
-              "weight_decay": ("float", 0.0), "decoupled": ("bool", False)},
+              "weight_decay": ("float", 0.0), "decoupled": ("bool", False),
+              "lazy_mode": ("bool", False)},
              grad=None, inplace=True)
 @_skippable("Param", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
 def adam(ins, attrs):
@@ -80,6 +90,12 @@ def adam(ins, attrs):
     b1p, b2p, lr = ins["Beta1Pow"], ins["Beta2Pow"], ins["LearningRate"]
     b1, b2, wd = attrs["beta1"], attrs["beta2"], attrs["weight_decay"]
     g = ins["Grad"]
+    if g.is_sparse:
+        if attrs["lazy_mode"]:  # rows of the batch only (ops.sparse)
+            adam_rows(p, g, lr, m1, m2, b1p, b2p, attrs)
+            return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p,
+                    "Beta2PowOut": b2p}
+        g = g.to_dense()
     if attrs["decoupled"]:
         if wd:
             p.mul_(1 - lr * wd)
@@ -102,6 +118,21 @@ def adam(ins, attrs):
 # (tests/test_hot_path.py checks it). ``cols`` maps each input slot but LearningRate to
 # the list of that slot's tensors, one per op.
 
+def _sparse_apart(kernel, cols, lr, attrs):
+    """Update alone, with ``kernel``, the parameters whose gradient is sparse; return the
+    columns of the others (the order of independent updates does not matter)."""
+    grads = cols["Grad"]
+    if not any(g.is_sparse for g in grads):
+        return cols
+    for i, g in enumerate(grads):
+        if g.is_sparse:
+            ins = {s: v[i] for s, v in cols.items()}
+            ins["LearningRate"] = lr
+            kernel(ins, attrs)
+    keep = [i for i, g in enumerate(grads) if not g.is_sparse]
+    return {s: [v[i] for i in keep] for s, v in cols.items()}
+
+
 def _decayed_all(grads, params, wd):
     return torch._foreach_add(grads, params, alpha=wd) if wd else grads
 
@@ -112,6 +143,9 @@ def _times_lr(tensors, lr):
 
 def sgd_foreach(cols, lr, attrs):
     """Fused ``sgd`` over every (Param, Grad) of ``cols``."""
+    cols = _sparse_apart(sgd, cols, lr, attrs)
+    if not cols["Param"]:
+        return
     ps = cols["Param"]
     gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
     torch._foreach_sub_(ps, _times_lr(gs, lr))
@@ -119,6 +153,9 @@ def sgd_foreach(cols, lr, attrs):
 
 def momentum_foreach(cols, lr, attrs):
     """Fused ``momentum`` (Nesterov too)."""
+    cols = _sparse_apart(momentum, cols, lr, attrs)
+    if not cols["Param"]:
+        return
     ps, vs, mu = cols["Param"], cols["Velocity"], attrs["mu"]
     gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
     torch._foreach_mul_(vs, mu)
@@ -129,6 +166,9 @@ def momentum_foreach(cols, lr, attrs):
 
 def adam_foreach(cols, lr, attrs):
     """Fused ``adam`` / AdamW."""
+    cols = _sparse_apart(adam, cols, lr, attrs)
+    if not cols["Param"]:
+        return
     ps, m1s, m2s = cols["Param"], cols["Moment1"], cols["Moment2"]
     b1ps, b2ps = cols["Beta1Pow"], cols["Beta2Pow"]
     b1, b2, wd = attrs["beta1"], attrs["beta2"], attrs["weight_decay"]

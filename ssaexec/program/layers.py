@@ -181,12 +181,19 @@ def dropout(x, dropout_prob, is_test=False, seed=None, name=None):
                 prefix=name)
 
 
-def embedding(input, size, padding_idx=None, param_attr=None, dtype="float32", name=None):
-    """Look up rows of a [vocab, dim] table (``size``) by the int64 ids in ``input``."""
+def embedding(input, size, is_sparse=False, padding_idx=None, param_attr=None,
+              dtype="float32", name=None):
+    """Look up rows of a [vocab, dim] table (``size``) by the int64 ids in ``input``.
+
+    ``is_sparse``: the table's gradient holds only the rows the batch touched
+    (``ssaexec.ops.sparse``, docs/blocks.md).
+    """
     prefix = name or unique_name("embedding")
     w = _param(prefix, "w_0", list(size), dtype, param_attr, init.Xavier())
-    return _out("lookup_table", {"W": w, "Ids": input},
-                {"padding_idx": -1 if padding_idx is None else padding_idx}, prefix=prefix)
+    attrs = {"padding_idx": -1 if padding_idx is None else padding_idx}
+    if is_sparse:
+        attrs["is_sparse"] = True
+    return _out("lookup_table", {"W": w, "Ids": input}, attrs, prefix=prefix)
 
 
 def layer_norm(input, begin_norm_axis=1, epsilon=1e-5, scale=True, shift=True, name=None):

@@ -126,9 +126,11 @@ class Adam(Optimizer):
     decoupled = False
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 weight_decay=0.0):
+                 weight_decay=0.0, lazy_mode=False):
         super().__init__(learning_rate, weight_decay)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        # a sparse gradient updates the moments of its rows only (ops.sparse)
+        self.lazy_mode = bool(lazy_mode)
 
     def _append_update(self, block, p, g):
         m1 = self._accumulator(p, "moment1", 0.0)
@@ -141,8 +143,9 @@ class Adam(Optimizer):
                      "Beta2Pow": [b2.name]},
             {"ParamOut": [p.name], "Moment1Out": [m1.name], "Moment2Out": [m2.name],
              "Beta1PowOut": [b1.name], "Beta2PowOut": [b2.name]},
-            {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
-             "weight_decay": self.weight_decay, "decoupled": self.decoupled},
+            dict({"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
+                  "weight_decay": self.weight_decay, "decoupled": self.decoupled},
+                 **({"lazy_mode": True} if self.lazy_mode else {})),
             role="optimize", role_var=[(p.name, g.name)])
 
 
@@ -152,5 +155,5 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 weight_decay=0.01):
-        super().__init__(learning_rate, beta1, beta2, epsilon, weight_decay)
+                 weight_decay=0.01, lazy_mode=False):
+        super().__init__(learning_rate, beta1, beta2, epsilon, weight_decay, lazy_mode)

@@ -5,7 +5,8 @@ so results are bit-identical from run to run whatever the thread timing, and
 writes the result into every place's own tensor in place. In place is safe:
 the SSA graph makes the collective the only reader of the versions it
 replaces. Tensors on different devices are moved to the first place's device
-for the sum and copied back.
+for the sum and copied back. Sparse gradients (``ops.sparse``) are summed by
+gathering every place's rows and values (``gather_sparse``), never densified.
 
 A collective backend is any object with these methods (``label`` names the
 graph op for error messages; ``begin_step`` is called before a step's first
@@ -15,7 +16,24 @@ one across processes.
 
 import torch
 
-__all__ = ["LocalCollective"]
+__all__ = ["LocalCollective", "gather_sparse"]
+
+
+def gather_sparse(tensors, average=False, count=None):
+    """The sum of sparse gradients, made by gathering their rows and values in order.
+
+    Memory stays proportional to the rows touched (``ops.sparse``); the result is
+    coalesced, on the first tensor's device; ``average`` divides by ``count`` (default:
+    the number of tensors).
+    """
+    dev = tensors[0].device
+    parts = [t.coalesce() for t in tensors]
+    merged = torch.sparse_coo_tensor(torch.cat([t.indices().to(dev) for t in parts], 1),
+                                     torch.cat([t.values().to(dev) for t in parts]),
+                                     tensors[0].shape, check_invariants=False).coalesce()
+    if average:
+        merged = merged * (1.0 / (count or len(tensors)))
+    return merged
 
 
 class LocalCollective:
@@ -27,6 +45,11 @@ class LocalCollective:
 
     def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""
+        if tensors[0].is_sparse:
+            merged = gather_sparse(tensors, average)
+            for t in tensors:
+                t.copy_(merged)
+            return tensors
         acc = tensors[0]
         dev = acc.device
         for t in tensors[1:]:
@@ -39,6 +62,8 @@ class LocalCollective:
 
     def reduce(self, tensors, root, average=False, label=None):
         """``tensors[root]`` becomes the sum (or mean) of all; the others are unchanged."""
+        if tensors[root].is_sparse:
+            return tensors[root].copy_(gather_sparse(tensors, average))
         acc = tensors[root]
         dev = acc.device
         for i, t in enumerate(tensors):

@@ -13,6 +13,10 @@ Its gradient all-reduce is hierarchical:
    run's timeout, so a dead or stuck peer becomes an error in bounded time;
 3. copy the result back to the other places.
 
+A sparse gradient (``ops.sparse``) is not summed densely: the places' rows and
+values are gathered, then every rank's (``all_gather`` of the row counts, then of
+the rows and values padded to the longest), and coalesced into the sum.
+
 Order. The SSA graph chains its collectives by dummy edges, so the scheduler
 runs them one at a time in the graph's order, and that order is the program
 order, the same in every process: ranks never pair up mismatched collectives.
@@ -38,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError, SSAExecError
-from .collective import LocalCollective
+from .collective import LocalCollective, gather_sparse
 
 __all__ = ["ProcessGroupCollective", "describe_collective"]
 
@@ -138,6 +142,8 @@ class ProcessGroupCollective(LocalCollective):
         """Sum the places into the first tensor and start the cross-process all-reduce;
         return the function that waits for it and copies the result to every place."""
         acc = tensors[0]
+        if acc.is_sparse:
+            return self._gather_sparse(tensors, average, label)
         dev = acc.device
         for t in tensors[1:]:
             acc.add_(t if t.device == dev else t.to(dev))
@@ -151,6 +157,39 @@ class ProcessGroupCollective(LocalCollective):
                 acc.div_(len(tensors) * self.world_size)
             for t in tensors[1:]:
                 t.copy_(acc)
+        return finish
+
+    def _gather_sparse(self, tensors, average, label):
+        # a sparse gradient (ops.sparse): every rank's rows and values, gathered (padded to
+        # the longest, then trimmed) and summed by coalescing; never densified
+        local = gather_sparse(tensors)
+        rows, vals = local.indices()[0], local.values()
+        what = label or f"all-gather of a sparse {list(local.shape)} gradient"
+        n = torch.tensor([rows.numel()], dtype=torch.int64, device=rows.device)
+        counts = [torch.zeros_like(n) for _ in range(self.world_size)]
+        self.call(f"{what} (row counts)",
+                  lambda: dist.all_gather(counts, n, group=self.group, async_op=True))
+        counts = [int(c) for c in counts]
+        most = max(counts)
+        pad = most - rows.numel()
+        rows = torch.cat([rows, rows.new_zeros(pad)])
+        vals = torch.cat([vals, vals.new_zeros((pad,) + tuple(vals.shape[1:]))])
+        all_rows = [torch.empty_like(rows) for _ in range(self.world_size)]
+        all_vals = [torch.empty_like(vals) for _ in range(self.world_size)]
+        self.call(f"{what} (rows)",
+                  lambda: dist.all_gather(all_rows, rows, group=self.group, async_op=True))
+        self.call(f"{what} (values)",
+                  lambda: dist.all_gather(all_vals, vals, group=self.group, async_op=True))
+        merged = torch.sparse_coo_tensor(
+            torch.cat([r[:c] for r, c in zip(all_rows, counts, strict=True)]).unsqueeze(0),
+            torch.cat([v[:c] for v, c in zip(all_vals, counts, strict=True)]),
+            local.shape, check_invariants=False).coalesce()
+        if average:
+            merged = merged * (1.0 / (len(tensors) * self.world_size))
+
+        def finish():
+            for t in tensors:
+                t.copy_(merged)
         return finish
 
     def reduce(self, tensors, root, average=False, label=None):
