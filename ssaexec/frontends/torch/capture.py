@@ -417,14 +417,101 @@ def _export(wrapper, inputs, dims, trace_joint):
 _DECOMPOSITIONS = None
 
 
+def _constant_pad_nd(x, pad, value=0):
+    # F.pad: torch 2.13's C++ kernel, run on a fake tensor whose batch is a symbol (the
+    # joint graph's re-trace), reads storage_offset() and so fixes the batch size (a conv
+    # then a pad: MobileNetV2, Swin). The same values from slices and a cat of filled
+    # blocks, functional ops whose fake kernels keep sizes symbolic.
+    aten = torch.ops.aten
+    for k in range(len(pad) // 2):
+        dim = x.dim() - 1 - k
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        if lo < 0 or hi < 0:
+            size = x.shape[dim]
+            x = aten.slice.Tensor(x, dim, max(-lo, 0), size + min(hi, 0))
+        parts = []
+        for width, where in ((lo, 0), (hi, 1)):
+            if width > 0:
+                shape = list(x.shape)
+                shape[dim] = width
+                parts.append((where, aten.full.default(shape, value, dtype=x.dtype,
+                                                       layout=x.layout, device=x.device,
+                                                       pin_memory=False)))
+        if parts:
+            x = aten.cat.default([p for w, p in parts if w == 0] + [x]
+                                 + [p for w, p in parts if w == 1], dim)
+    return x
+
+
+def _window(x, size, stride, offset):
+    """``(x flattened, start, numel)`` when ``as_strided(x, size, stride, offset)`` reads a
+    contiguous run of the elements of contiguous ``x`` in order (a reshape of a slice),
+    else None."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    def contiguous(sizes, strides):
+        expect = 1
+        for n, st in reversed(list(zip(sizes, strides, strict=True))):
+            if not known(n == 1) and not known(st == expect):
+                return None
+            expect = expect * n
+        return expect
+
+    if contiguous(x.shape, x.stride()) is None:
+        return None
+    numel = contiguous(size, stride)
+    if numel is None:
+        return None
+    start = 0 if offset is None else offset - x.storage_offset()
+    if not (known(start >= 0) and known(start + numel <= x.numel())):
+        return None
+    return torch.ops.aten.view.default(x, [x.numel()]), start, numel
+
+
+def _as_strided(x, size, stride, storage_offset=None):
+    # as_strided reads raw storage (refused by the operator policy), but the graph has it
+    # where functionalisation replays a layout change (adaptive_avg_pool2d's as_strided_ to
+    # channels-last strides of a [n, c, 1, 1] mean: Swin's pooler): a reshape of a slice
+    # of a contiguous tensor says the same. Anything else stays as_strided (refused).
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+    w = _window(x, size, stride, storage_offset)
+    if w is None:
+        return NotImplemented
+    aten = torch.ops.aten
+    flat, start, numel = w
+    if not (known(start == 0) and known(numel == x.numel())):
+        flat = aten.slice.Tensor(flat, 0, start, start + numel)
+    return aten.view.default(flat, list(size))
+
+
+def _as_strided_scatter(base, src, size, stride, storage_offset=None):
+    # the backward of the as_strided above: src written into that run of base's elements
+    w = _window(base, size, stride, storage_offset)
+    if w is None:
+        return NotImplemented
+    aten = torch.ops.aten
+    flat, start, numel = w
+    values = aten.clone.default(src, memory_format=torch.contiguous_format)
+    values = aten.view.default(values, [numel])
+    out = aten.slice_scatter.default(flat, values, 0, start, start + numel)
+    return aten.view.default(out, list(base.shape))
+
+
+_SYMBOLIC_SAFE = {torch.ops.aten.constant_pad_nd.default: _constant_pad_nd,
+                  torch.ops.aten.as_strided.default: _as_strided,
+                  torch.ops.aten.as_strided_scatter.default: _as_strided_scatter}
+
+
 def _decompositions():
-    """torch's decompositions of the ATen overloads the operator policy refuses.
+    """The decompositions the capture traces with.
 
     The capture keeps ops whole where it can (a fused backward kernel is faster
     than its pieces); an op outside the allowlist (``ssaexec.ops.policy``) that
     torch knows how to decompose (``new_ones``, ``_scaled_dot_product_*`` variants
-    ...) is traced as its decomposition instead, recursively, so programs name only
-    allowed operators without growing the allowlist for every model.
+    ...) is traced as torch's decomposition instead, recursively, so programs name
+    only allowed operators without growing the allowlist for every model. Ops
+    whose fake kernel would fix a symbolic size are traced as ours
+    (``_SYMBOLIC_SAFE``).
     """
     global _DECOMPOSITIONS
     if _DECOMPOSITIONS is None:
@@ -439,6 +526,7 @@ def _decompositions():
             t = f"aten.{name.name.split('::')[-1]}.{op._overloadname}"
             if t not in RENAMES and t not in ASSERTS and not is_allowed(t):
                 table[op] = fn
+        table.update(_SYMBOLIC_SAFE)
         _DECOMPOSITIONS = table
     return _DECOMPOSITIONS
 

@@ -68,6 +68,7 @@ OUTPUT_NAME = "output"
 _SLICES = frozenset({"aten.slice.Tensor", "aten.slice_scatter.default",
                      "aten.slice_backward.default"})
 _HUGE = 2 ** 62
+_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 
 
 def _clamp_slice(node, t, positional):
@@ -352,6 +353,10 @@ class Lowering:
         args, kwargs = node.args, node.kwargs
         if t in _SLICES:
             args, kwargs = _clamp_slice(node, t, positional)
+        elif t in _VIEWS and any(isinstance(d, int) and d == -1 for d in args[1]):
+            # view(x, [4*s0, 4, -1]): the -1 written as the size it stands for, so shape
+            # inference (which probes -1 dimensions with sample batches) cannot guess it wrong
+            args = (args[0], list(node.meta["val"].shape), *args[2:])
         for name, v in zip(positional, args):
             attrs[name] = enc(v, name)
         for k, v in kwargs.items():
