@@ -153,60 +153,124 @@ def run_workers(args, world=2, timeout=300):
 
 # --- one round -----------------------------------------------------------------------------
 
+class Window:
+    """How many cores other processes kept busy while the block ran (``foreign``).
+
+    From ``/proc/stat`` (all CPUs' busy time, steal included) less this process's
+    CPU time and its reaped children's; None where there is no ``/proc/stat``.
+    """
+
+    def __init__(self):
+        self.foreign = None
+
+    @staticmethod
+    def _snapshot():
+        import resource
+        try:
+            with open("/proc/stat", encoding="utf-8") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return None
+        # user nice system idle iowait irq softirq steal ...
+        busy = sum(fields[:3]) + sum(fields[5:8])
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (busy / os.sysconf("SC_CLK_TCK"), time.process_time(),
+                kids.ru_utime + kids.ru_stime, time.perf_counter())
+
+    def __enter__(self):
+        self.start = self._snapshot()
+        return self
+
+    def __exit__(self, *exc):
+        end = self._snapshot()
+        if self.start is not None and end is not None:
+            d = [b - a for a, b in zip(self.start, end, strict=True)]
+            self.foreign = max(0.0, (d[0] - d[1] - d[2]) / d[3]) if d[3] > 0 else None
+        return False
+
+
+def _worst(*windows):
+    vals = [w.foreign for w in windows if w.foreign is not None]
+    return max(vals) if vals else None
+
+
 def one_round(args, main, startup, loss, k):
+    """Calibrate, then per torch-thread count profile and measure back to back."""
     load = list(os.getloadavg())
     t0 = time.perf_counter()
-    host = calibrate.calibrate_host()
-    local = calibrate.local_sum_sweep()
-    ranks = run_workers(args)
+    with Window() as calib:
+        host = calibrate.calibrate_host()
+        local = calibrate.local_sum_sweep()
+    want = {name: args.torch_threads or threads for name, _, _, threads in CONFIGS}
+    profiles, profiled, measured = {}, {}, {}
+    for t in sorted(set(want.values()), reverse=True):
+        with Window() as w:
+            profiles[t] = sim.Profile.measure(main, startup, batch=args.batch, threads=t,
+                                              steps=args.profile_steps,
+                                              readable_extra_s=host["readable_extra_s"])
+        profiled[t] = w
+        for name, n, layout, _ in CONFIGS:
+            if want[name] == t and layout == "process-per-node":
+                with Window() as w:
+                    meas = measure_places(main, startup, loss, n, args.batch, args.warmup,
+                                          args.steps, args.torch_threads)
+                measured[name] = meas + (w,)
+    with Window() as w:
+        ranks = run_workers(args)
     # a step of the 2 processes ends when both have it: the slower rank's time per step
     two_proc = [max(ts) for ts in zip(*(r["times"] for r in ranks), strict=True)]
+    measured[CONFIGS[3][0]] = (statistics.median(two_proc), two_proc,
+                               sum(r["busy"] for r in ranks), w)
     gloo = [(s, max(r["gloo"][i][1] for r in ranks)) for i, (s, _) in
             enumerate(ranks[0]["gloo"])]
     cluster = calibrate.cpu_cluster(host, local, gloo)
-    want = {name: args.torch_threads or threads for name, _, _, threads in CONFIGS}
-    profiles = {t: sim.Profile.measure(main, startup, batch=args.batch, threads=t,
-                                       steps=args.profile_steps,
-                                       readable_extra_s=host["readable_extra_s"])
-                for t in sorted(set(want.values()))}
     rows = []
     for name, n, layout, _ in CONFIGS:
         pred = sim.predict(main, profiles[want[name]], cluster, n, layout)
-        if layout == "process-per-gpu":
-            meas, times, busy = statistics.median(two_proc), two_proc, \
-                sum(r["busy"] for r in ranks)
-        else:
-            meas, times, busy = measure_places(main, startup, loss, n, args.batch, args.warmup,
-                                               args.steps, args.torch_threads)
+        meas, times, busy, window = measured[name]
+        foreign = _worst(calib, profiled[want[name]], window)
         rows.append({"config": name, "ranks": n, "layout": layout,
                      "predicted_ms": pred.step_s * 1e3, "measured_ms": meas * 1e3,
                      "error": pred.step_s / meas - 1, "measured_steps_ms":
                      [t * 1e3 for t in times], "cores_busy": busy,
+                     "foreign_cores": foreign, "torch_threads": want[name],
                      "predicted_inline": pred.result.inline,
                      "bound_by": pred.bound_by(),
                      "critical_path_ms": {c: v * 1e3 for c, v in
                                           pred.result.critical_summary().items()},
                      "notes": pred.notes})
         print(f"  round {k + 1}: {name:<20} predicted {pred.step_s * 1e3:7.2f} ms  measured "
-              f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%}), {busy:.2f} cores busy",
-              flush=True)
+              f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%}), {busy:.2f} cores busy, "
+              f"other processes {_cores(foreign)}", flush=True)
     return {"round": k + 1, "loadavg": load, "seconds": time.perf_counter() - t0,
             "cluster": cluster.to_dict(), "host": host, "local_sum": local, "gloo": gloo,
             "profile_device_ms": {t: p.total_device_s() * 1e3 for t, p in profiles.items()},
             "rows": rows}
 
 
-def summarise(rounds):
+def _cores(x):
+    return "?" if x is None else f"{x:.2f} cores"
+
+
+def summarise(rounds, quiet_cores):
+    """Medians over the rounds in which other processes kept at most ``quiet_cores``
+    busy (all rounds, marked, when none was that quiet)."""
     out = []
     for i, (name, n, layout, _) in enumerate(CONFIGS):
-        pred = statistics.median(r["rows"][i]["predicted_ms"] for r in rounds)
-        meas = statistics.median(r["rows"][i]["measured_ms"] for r in rounds)
-        errs = [r["rows"][i]["error"] for r in rounds]
+        rows = [r["rows"][i] for r in rounds]
+        quiet = [r for r in rows if r["foreign_cores"] is not None and
+                 r["foreign_cores"] <= quiet_cores]
+        use = quiet or rows
+        pred = statistics.median(r["predicted_ms"] for r in use)
+        meas = statistics.median(r["measured_ms"] for r in use)
         out.append({"config": name, "predicted_ms": pred, "measured_ms": meas,
-                    "error": pred / meas - 1, "round_errors": errs,
-                    "cores_busy": statistics.median(r["rows"][i]["cores_busy"] for r in rounds),
+                    "error": pred / meas - 1, "rounds_used": len(use),
+                    "rounds": len(rows), "quiet": bool(quiet),
+                    "round_errors": [r["error"] for r in rows],
+                    "cores_busy": statistics.median(r["cores_busy"] for r in use),
+                    "foreign_cores": max((r["foreign_cores"] or 0.0) for r in use),
                     "within_target": abs(pred / meas - 1) <= TARGET,
-                    "bound_by": rounds[-1]["rows"][i]["bound_by"]})
+                    "bound_by": use[-1]["bound_by"]})
     return out
 
 
@@ -217,12 +281,14 @@ def markdown(summary, machine, args):
              f"of {args.steps} steps, torch threads per place: "
              f"{args.torch_threads or 'the executor default (2 for 1 place, else 1)'}.", "",
              "| configuration | predicted ms/step | measured ms/step | error | within 15 % | "
-             "cores busy (measured) | bound by (prediction) |",
-             "|---|---:|---:|---:|---|---:|---|"]
+             "rounds (quiet/all) | cores busy | other processes | bound by (prediction) |",
+             "|---|---:|---:|---:|---|---|---:|---:|---|"]
     for s in summary:
+        used = f"{s['rounds_used']}/{s['rounds']}" + ("" if s["quiet"] else " (none quiet)")
         lines.append(f"| {s['config']} | {s['predicted_ms']:.2f} | {s['measured_ms']:.2f} | "
                      f"{s['error']:+.1%} | {'yes' if s['within_target'] else '**no**'} | "
-                     f"{s['cores_busy']:.2f} | {s['bound_by']} |")
+                     f"{used} | {s['cores_busy']:.2f} | {s['foreign_cores']:.2f} | "
+                     f"{s['bound_by']} |")
     return "\n".join(lines)
 
 
@@ -238,6 +304,9 @@ def main(argv=None):
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch threads per place everywhere (default: the executor's choice, "
                         "cores // places; 1 avoids OpenMP's spin-waits on a busy machine)")
+    p.add_argument("--quiet-cores", type=float, default=0.2,
+                   help="a round counts when other processes kept at most this many cores "
+                        "busy during its calibration, profile and measurement (default 0.2)")
     p.add_argument("--json", default="out/validate_sim.json")
     p.add_argument("--markdown", action="store_true", help="print the docs table")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -251,7 +320,7 @@ def main(argv=None):
     print(f"validate-sim: {args.program}, batch {args.batch} per place, {args.rounds} rounds "
           f"on {machine['cpu']} ({machine['cores']} cores), load {machine['loadavg_start']}")
     rounds = [one_round(args, main_prog, startup, loss, k) for k in range(args.rounds)]
-    summary = summarise(rounds)
+    summary = summarise(rounds, args.quiet_cores)
     print()
     print(markdown(summary, machine, args))
     out = Path(args.json)
