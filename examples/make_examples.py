@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from ssaexec.models import (build_mlp, build_resnet, build_seed_mlp, build_uci_housing,
-                            make_optimizer)
+                            build_uci_housing_pserver, make_optimizer)
 from ssaexec.program.io import save_program
 
 HERE = Path(__file__).resolve().parent
@@ -22,6 +22,10 @@ HERE = Path(__file__).resolve().parent
 EXAMPLES = {
     "uci_housing": (lambda: build_uci_housing(optimizer=make_optimizer("sgd", 0.01)), True,
                     "fit-a-line: fc(13 -> 1) regression with squared error, SGD"),
+    "uci_housing_pserver": (lambda: build_uci_housing_pserver(
+        optimizer=make_optimizer("sgd", 0.01)), False,
+        "seed 002's example: uci_housing with its optimizer in a PlaceableBlock (se.transpile, "
+        "ssaexec launch)"),
     "seed_mlp": (lambda: build_seed_mlp(optimizer=make_optimizer("sgd", 0.01)), True,
                  "the seed document's fc(784 -> 100) -> fc(10) softmax + cross entropy, SGD"),
     "mnist_mlp": (lambda: build_mlp(hidden=(128, 64),

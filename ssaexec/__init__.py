@@ -10,6 +10,7 @@ from .program.desc import BlockDesc, BlockRef, OpDesc, Program, ProgramDesc, Var
 from .program.builder import default_main_program, default_startup_program, program_guard
 from .program import layers, initializer, optimizer
 from .program.backward import append_backward
+from .program.distribute import transpile
 from .place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
 from .runtime.scope import Scope, global_scope, scope_guard
 from .executor import Executor
@@ -30,7 +31,7 @@ __all__ = [
     "SSAExecError", "ProgramError", "OpError", "FeedError", "GraphError", "DistributedError",
     "Program", "ProgramDesc", "BlockDesc", "VarDesc", "OpDesc", "BlockRef",
     "default_main_program", "default_startup_program", "program_guard",
-    "layers", "initializer", "optimizer", "append_backward",
+    "layers", "initializer", "optimizer", "append_backward", "transpile",
     "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places",
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",

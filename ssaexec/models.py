@@ -7,6 +7,7 @@ the tests and the benchmark harness, so everyone trains the same models.
 
 from .program import layers as L
 from .program import optimizer as opt
+from .program.backward import append_backward
 from .program.builder import program_guard
 from .program.desc import Program
 
@@ -36,15 +37,30 @@ def _finish(main, startup, loss, optimizer):
     return main, startup, loss.name
 
 
-def build_uci_housing(dtype="float32", optimizer=None, seed=0):
-    """The uci_housing linear regression: fc(13 -> 1) with squared error."""
-    main, startup = Program(seed), Program(seed)
+def _uci_housing(main, startup, dtype):
     with program_guard(main, startup):
         x = L.data("x", [-1, 13], dtype)
         y = L.data("y", [-1, 1], dtype)
-        pred = L.fc(x, 1)
-        loss = L.mean(L.square_error_cost(pred, y))
+        return L.mean(L.square_error_cost(L.fc(x, 1), y))
+
+
+def build_uci_housing(dtype="float32", optimizer=None, seed=0):
+    """The uci_housing linear regression: fc(13 -> 1) with squared error."""
+    main, startup = Program(seed), Program(seed)
+    loss = _uci_housing(main, startup, dtype)
     return _finish(main, startup, loss, optimizer)
+
+
+def build_uci_housing_pserver(dtype="float32", optimizer=None, seed=0):
+    """Seed 002's example: uci_housing with its optimizer in a PlaceableBlock (for
+    ``se.transpile`` / ``ssaexec launch``; run as it is, it trains as uci_housing)."""
+    main, startup = Program(seed), Program(seed)
+    loss = _uci_housing(main, startup, dtype)
+    with program_guard(main, startup):
+        params_grads = append_backward(loss)
+        with L.PlaceableBlock(inputs=params_grads, outputs=[p for p, _ in params_grads]):
+            (optimizer or opt.SGD(0.01)).apply_gradients(params_grads)
+    return main, startup, loss.name
 
 
 def build_seed_mlp(dtype="float32", optimizer=None, seed=0, in_dim=784, hidden=100,

@@ -38,7 +38,7 @@ PLACEMENT = {
     "ssaexec.executor": "executors", "ssaexec.parallel_executor": "executors",
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
-    "ssaexec.prefetch": "executors",
+    "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.trace": "tools", "ssaexec.sim": "tools",
     "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",

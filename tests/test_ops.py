@@ -39,6 +39,10 @@ NOT_TESTED_HERE = {
     "assign_bytes": "the torch importer's constants; tested in test_from_torch.py",
     "parallel_do": "runs a sub-block on places (ctx.run_places), forward and gradient; "
                    "tested against torch in test_parallel_do.py",
+    "placeable_block": "runs its sub-block in place; tested in test_distribute.py",
+    "send": "point to point over a process group; tested in test_distribute.py",
+    "recv": "point to point over a process group; tested in test_distribute.py",
+    "listen_and_serv": "the parameter server's loop; tested in test_distribute.py",
 }
 
 

@@ -1,7 +1,8 @@
 """The ``ssaexec`` command: its parser, and the mapping of errors to exit statuses.
 
 Each subcommand lives in its own module (``dump``, ``viz``, ``stats``, ``run``,
-``trace``, ``convert``, ``bench``) and adds itself to the parser with
+``trace``, ``convert``, ``bench``, ``simulate``; ``distribute`` adds ``transpile`` and
+``launch``) and adds itself to the parser with
 ``register(add)``; ``main`` parses, calls the subcommand's function and turns
 what it raises into an exit status:
 
@@ -17,14 +18,14 @@ import argparse
 import os
 import sys
 
-from . import bench, convert, dump, run, simulate, stats, trace, viz
+from . import bench, convert, distribute, dump, run, simulate, stats, trace, viz
 from .common import (EXIT_FAILURE, EXIT_INTERRUPT, EXIT_OK, EXIT_USAGE, Formatter, UsageError,
                      common_options)
 
 __all__ = ["main", "build_parser"]
 
 # in the order --help lists them
-COMMANDS = (dump, viz, stats, run, trace, convert, bench, simulate)
+COMMANDS = (dump, viz, stats, run, trace, convert, bench, simulate, distribute)
 
 EPILOG = """\
 examples:
@@ -35,6 +36,8 @@ examples:
   ssaexec trace examples/small_resnet.json -o trace.json --steps 3
   ssaexec convert examples/seed_mlp.json seed_mlp.ssa
   ssaexec simulate examples/small_resnet.json --gpus 1,8,64 --cluster dgx-h100
+  ssaexec transpile examples/uci_housing_pserver.json --trainers 2 --pservers 2 -o dist
+  ssaexec launch --trainers 2 --pservers 2 examples/uci_housing_pserver.json --steps 5
 
 Program files: .json (JSON form) or .ssa/.txt/.prog (text form). run and trace
 take initial values from STEM.startup.EXT next to the program when it exists.

@@ -6,5 +6,5 @@ registered before anyone looks one up.
 
 from . import registry  # noqa: F401  (first: the kernel modules register into it)
 from . import amp, control, init, loss, lr, math, metrics, nn, optim, tensor  # noqa: F401
-from . import parallel_do, sparse  # noqa: F401
+from . import comm, parallel_do, sparse  # noqa: F401
 from . import aten  # noqa: F401  (registers the aten.* family)

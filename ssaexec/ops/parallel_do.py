@@ -36,7 +36,7 @@ import torch
 from ..place import CPUPlace, CUDAPlace
 from .registry import get_op_def, register_grad, register_op
 
-__all__ = ["places_attr", "attr_places", "split_rows"]
+__all__ = ["places_attr", "attr_places", "split_rows", "split_sizes"]
 
 _ATTRS = {"sub_block": ("block", None), "places": ("strs", []), "saved": ("strs", []),
           "stacked": ("strs", []), "prefetched": ("strs", [])}
@@ -77,8 +77,13 @@ def split_rows(t, n, name):
         rows = "no rows" if t.dim() == 0 else f"{t.shape[0]} rows"
         raise ValueError(f"parallel_do input {name!r} has {rows} but there are {n} places: "
                          "every place needs at least one")
-    base, extra = divmod(t.shape[0], n)
-    return list(torch.split(t, [base + (1 if i < extra else 0) for i in range(n)]))
+    return list(torch.split(t, split_sizes(t.shape[0], n)))
+
+
+def split_sizes(rows, n):
+    """``rows`` cut into ``n`` sizes that differ by at most one, larger first."""
+    base, extra = divmod(rows, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
 
 
 def _merge(parts, stacked, device):

@@ -10,6 +10,7 @@ from . import initializer as init
 from .desc import dtype_name
 from .builder import append_op, create_parameter, create_persistable, default_main_program, \
     unique_name
+from .distribute import PlaceableBlock
 from .parallel_do import ParallelDo
 
 __all__ = [
@@ -19,7 +20,7 @@ __all__ = [
     "scale", "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
     "matmul", "reshape", "flatten", "transpose", "concat", "split", "cast", "assign",
     "fill_constant", "sums", "exp", "log", "sqrt", "square", "accuracy", "argmax", "argmin",
-    "ParallelDo",
+    "ParallelDo", "PlaceableBlock",
 ]
 
 

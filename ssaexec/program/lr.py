@@ -47,7 +47,7 @@ class LRSchedule:
     def build(self, lr_var, offset=0):
         """Append the ops computing ``lr_var`` to the default programs; return them."""
         main = default_main_program()
-        block = main.global_block()
+        block = main.current_block()  # block 0, or the optimizer's PlaceableBlock
         step = step_counter()
         inputs = {"Step": [step]}
         inputs.update(self._inputs(offset))
@@ -74,7 +74,7 @@ def step_counter():
 
 def end_of_step():
     """Append the step counter's increment (after the step's updates), once per program."""
-    block = default_main_program().global_block()
+    block = default_main_program().current_block()
     for op in block.ops:
         if op.type == "scale" and op.output("Out") == [STEP_VAR]:
             block.remove_op(op)  # keep one increment, at the very end

@@ -72,7 +72,8 @@ class Optimizer:
                                              init.Constant(self.learning_rate))
             if self.schedule is not None:
                 self.schedule.build(self.lr_var)
-            ops = [self._append_update(main.global_block(), p, g) for p, g in params_grads]
+            # the current block: block 0, or a PlaceableBlock (program.distribute)
+            ops = [self._append_update(main.current_block(), p, g) for p, g in params_grads]
             if self.schedule is not None:
                 lr.end_of_step()
             return ops

@@ -45,7 +45,7 @@ from ..errors import ProgramError
 from ..ops.parallel_do import places_attr
 from ..place import Place, parse_places
 from .backward import append_grad_ops, register_block_grad
-from .builder import default_main_program
+from .blocks import SubBlockBuilder, outer_io
 from .desc import EMPTY_VAR, BlockRef, register_test_rewrite
 
 __all__ = ["ParallelDo", "make_grad_block", "place_input_name"]
@@ -71,27 +71,7 @@ def _places(places):
     return places
 
 
-def _outer_io(program, block):
-    """(reads, writes) of names declared outside ``block``, nested sub-blocks included."""
-    reads, writes = {}, {}
-
-    def walk(b, local):
-        local = local | set(b.vars)
-        for op in b.ops:
-            for n in op.input_names():
-                if n not in local and n != EMPTY_VAR:
-                    reads.setdefault(n, None)
-            for n in op.output_names():
-                if n not in local:
-                    writes.setdefault(n, op.type)
-            for sub in op.sub_blocks():
-                walk(program.block(sub), local)
-
-    walk(block, frozenset())
-    return list(reads), writes
-
-
-class ParallelDo:
+class ParallelDo(SubBlockBuilder):
     """A sub-block run data-parallel over ``places`` (module docstring).
 
     Parameters
@@ -103,34 +83,15 @@ class ParallelDo:
         Prefix of the outer vars' names (default ``parallel_do_N``).
     """
 
+    kind = "parallel_do"
+
     def __init__(self, places, name=None):
+        super().__init__(name)
         self.places = _places(places)
-        self.program = None
-        self.block = None
-        self.name = name
         self.inputs = []
         self.prefetched = {}  # input name -> per-place data var names
         self.outputs = []
-        self.op = None
         self._outer = []
-        self._parent = None
-
-    # --- the block -------------------------------------------------------------------
-    def __enter__(self):
-        if self.block is not None:
-            raise ProgramError("a ParallelDo block can be entered only once")
-        self.program = default_main_program()
-        self._parent = self.program.current_block()
-        self.block = self.program.create_block(parent_idx=self._parent.idx)
-        self.program._current_block = self.block.idx
-        self.name = self.name or self.program.unique_name("parallel_do")
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.program._current_block = self._parent.idx
-        if exc_type is None:
-            self._append_op()
-        return False
 
     @contextlib.contextmanager
     def do(self):
@@ -196,9 +157,11 @@ class ParallelDo:
         if not self.outputs:
             raise ProgramError(f"{self.name}: the block writes no output; call "
                                "pd.write_output(var) inside it")
-        reads, writes = _outer_io(self.program, self.block)
+        reads, writes = outer_io(self.program, self.block)
         if writes:
-            name, op_type = next(iter(writes.items()))
+            name = writes[0]
+            op_type = next((op.type for b in self.program.blocks[self.block.idx:]
+                            for op in b.ops if name in op.output_names()), "?")
             raise ProgramError(f"{self.name}: op {op_type!r} inside the block writes {name!r}, "
                                "which is declared outside it; places would race on it. Only "
                                "write_output brings values out of a parallel_do block")
@@ -252,7 +215,7 @@ def make_grad_block(block, op, grad_op):
     params = wanted("Parameters")
     gblock = program.create_block(parent_idx=block.idx)
     append_grad_ops(fwd, gblock, list(fwd.ops), seeds, wanted("Inputs") + params, params)
-    reads, _ = _outer_io(program, gblock)
+    reads, _ = outer_io(program, gblock)
     local = [n for n in reads if n in fwd.vars]
     prefetched = set(op.attrs.get("prefetched", ()))  # the grad op gets them as the forward
     saved = [n for n in local if n not in prefetched]
