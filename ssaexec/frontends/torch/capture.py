@@ -509,17 +509,20 @@ def _decompositions():
     than its pieces); an op outside the allowlist (``ssaexec.ops.policy``) that
     torch knows how to decompose (``new_ones``, ``_scaled_dot_product_*`` variants
     ...) is traced as torch's decomposition instead, recursively, so programs name
-    only allowed operators without growing the allowlist for every model. Ops
+    only allowed operators without growing the allowlist for every model
+    (``core_aten_decompositions``, what ``torch.export`` lowers to core ATen with). Ops
     whose fake kernel would fix a symbolic size are traced as ours
     (``_SYMBOLIC_SAFE``).
     """
     global _DECOMPOSITIONS
     if _DECOMPOSITIONS is None:
-        from torch._decomp import decomposition_table
+        # the table torch.export's run_decompositions() lowers to core ATen with (torch's
+        # plain decomposition_table has refs that emit prims, e.g. where.ScalarOther)
+        from torch._decomp import core_aten_decompositions
 
         from ...ops.policy import is_allowed
         table = {}
-        for op, fn in decomposition_table.items():
+        for op, fn in core_aten_decompositions().items():
             name = getattr(op, "_schema", None)
             if name is None or getattr(op, "namespace", None) != "aten":
                 continue
