@@ -1,7 +1,8 @@
 """The harness's command line and its run: options -> settings -> plan -> workers -> report.
 
 Policy. Presets fill in every setting the command line leaves out (``--preset``,
-``--quick``; ``--model transformer`` picks the ``transformer`` preset). The plan
+``--quick``; ``--model transformer``, ``hf-bert`` and ``hf-llama`` pick the preset of
+that name, whose ``modes`` replace the default modes). The plan
 is one worker config per (mode, places) pair: ``seq`` and ``torch-eager`` on one
 place, the other modes on every place count asked for (``ssaexec-nproc`` only on
 counts its processes divide). Batch per place is fixed (weak scaling).
@@ -62,11 +63,19 @@ PRESETS = {
     "transformer": dict(model="transformer", d_model=32, heads=2, layers=2, seq_len=16,
                         batch_per_place=4, warmup=5, steps=20, repeats=5, optimizer="sgd",
                         lr=0.01, torch_threads=1),
+    # --model hf-bert / hf-llama: transformers' models from BERT-tiny / Llama-tiny sized
+    # configs (bench/hf_models.py), imported with from_torch, against eager and DDP
+    "hf-bert": dict(model="hf-bert", d_model=128, heads=2, layers=2, seq_len=128, vocab=30522,
+                    classes=2, batch_per_place=8, warmup=3, steps=5, repeats=3,
+                    optimizer="sgd", lr=0.01, modes="ssaexec,torch-eager,torch-ddp"),
+    "hf-llama": dict(model="hf-llama", d_model=128, heads=4, layers=2, seq_len=128,
+                     vocab=32000, batch_per_place=8, warmup=3, steps=5, repeats=3,
+                     optimizer="sgd", lr=0.01, modes="ssaexec,torch-eager,torch-ddp"),
 }
 
 _DEFAULTS = dict(model="resnet18", image_size=32, base=64, classes=10, in_dim=784,
                  hidden="128,64", cardinality=32, width=4, d_model=32, heads=2, layers=2,
-                 seq_len=16, batch_per_place=32, warmup=2, steps=3, repeats=3,
+                 seq_len=16, vocab=1000, batch_per_place=32, warmup=2, steps=3, repeats=3,
                  optimizer="momentum", lr=0.01, seed=0, torch_threads=None, amp=None,
                  cuda_graph=False)
 
@@ -80,8 +89,9 @@ def add_arguments(ap):
                     help="also run ssaexec under torchrun with this many processes (mode "
                          "ssaexec-nproc; places are divided among them)")
     ap.add_argument("--model", help="mlp, transformer (imported with from_torch; preset "
-                                    "'transformer' unless one is given), resnet18/34/50/101/152 "
-                                    "or resnext50/101/152")
+                                    "'transformer' unless one is given), resnet18/34/50/101/152, "
+                                    "resnext50/101/152, or hf-bert / hf-llama (transformers' "
+                                    "models, imported with from_torch; presets of those names)")
     ap.add_argument("--image-size", type=int, help="32 (CIFAR stem) or e.g. 224 (ImageNet stem)")
     ap.add_argument("--base", type=int, help="ResNet width of the first stage (64 standard)")
     ap.add_argument("--cardinality", type=int, help="ResNeXt groups (default 32)")
@@ -93,6 +103,7 @@ def add_arguments(ap):
     ap.add_argument("--heads", type=int, help="transformer attention heads (default 2)")
     ap.add_argument("--layers", type=int, help="transformer encoder layers (default 2)")
     ap.add_argument("--seq-len", type=int, help="transformer sequence length (default 16)")
+    ap.add_argument("--vocab", type=int, help="hf-bert / hf-llama vocabulary size")
     ap.add_argument("--batch-per-place", "-b", type=int)
     ap.add_argument("--warmup", type=int, help="untimed steps per worker")
     ap.add_argument("--steps", type=int, help="timed steps per window")
@@ -135,7 +146,8 @@ def add_arguments(ap):
 def settings(args):
     """The settings dict for parsed ``args``: the preset's, overridden by the options."""
     preset = args.preset or ("quick" if args.quick else
-                             "transformer" if args.model == "transformer" else "default")
+                             args.model if args.model in ("transformer", "hf-bert", "hf-llama")
+                             else "default")
     s = dict(_DEFAULTS)
     s.update(PRESETS[preset])
     for k in _DEFAULTS:
@@ -169,8 +181,8 @@ def plan(args, s):
               else list(range(1, n + 1)))
     if counts[0] < 1 or counts[-1] > max(n, 1):
         raise SystemExit(f"--place-counts must lie in 1..{n}")
-    modes = list(DEFAULT_MODES) if args.modes is None else \
-        [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in (args.modes or s.get("modes") or ",".join(DEFAULT_MODES))
+             .split(",") if m.strip()]
     if args.from_torch and "ssaexec-from-torch" not in modes:
         modes.append("ssaexec-from-torch")
     if args.nproc and "ssaexec-nproc" not in modes:
@@ -299,7 +311,7 @@ def run(args):
     configs, device, counts = plan(args, s)
     interleave = args.interleave if args.interleave is not None else device == "cpu"
     machine = machine_description()
-    tag = args.tag or (s["model"] if s["model"] in ("mlp", "transformer")
+    tag = args.tag or (s["model"] if s["model"] in ("mlp", "transformer", "hf-bert", "hf-llama")
                        else f"{s['model']}_{s['image_size']}")
     out_dir = Path(args.out_dir or "out/bench")
     json_path = Path(args.json) if args.json else out_dir / f"{tag}.json"

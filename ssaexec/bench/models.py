@@ -4,7 +4,9 @@ Policy: every mode trains the same work. The initial weights are the builder's
 seeded startup program's (copied into the ``torch.nn`` twin by
 ``load_from_scope``); the transformer has no builder program, so its twin's own
 seeded weights are the initial ones and its program is imported from the twin
-with ``from_torch``. The data are one seeded synthetic batch
+with ``from_torch``; so are the ``transformers`` models ``hf-bert`` and ``hf-llama``
+(``bench/hf_models.py``, token ids in, built from small configs). The data are one
+seeded synthetic batch
 (``ssaexec.synthetic.random_batch``) of ``places * batch_per_place`` samples;
 place (or rank) ``i`` trains samples ``[i * b, (i + 1) * b)``. The torch
 optimizer is the one whose update matches ``ssaexec.models.make_optimizer``.
@@ -26,16 +28,21 @@ def repo_root():
     return Path(__file__).resolve().parents[2]
 
 
-def load_twins():
-    """Import ``bench/torch_models.py`` (the torch.nn twins) from the source tree."""
+# models with no builder program: imported from their seeded twin with from_torch
+IMPORTED = ("transformer", "hf-bert", "hf-llama")
+
+
+def load_twins(stem="torch_models"):
+    """Import ``bench/torch_models.py`` (the torch.nn twins; ``stem="hf_models"``: the
+    transformers models) from the source tree."""
     import importlib.util
-    path = repo_root() / "bench" / "torch_models.py"
-    if "ssaexec_bench_torch_models" in sys.modules:
-        return sys.modules["ssaexec_bench_torch_models"]
+    path = repo_root() / "bench" / f"{stem}.py"
+    if f"ssaexec_bench_{stem}" in sys.modules:
+        return sys.modules[f"ssaexec_bench_{stem}"]
     if not path.exists():
         raise RuntimeError(f"the torch twins are not at {path}: the benchmark needs the ssaexec "
-                           "source tree (bench/torch_models.py), not only the installed package")
-    spec = importlib.util.spec_from_file_location("ssaexec_bench_torch_models", path)
+                           f"source tree (bench/{stem}.py), not only the installed package")
+    spec = importlib.util.spec_from_file_location(f"ssaexec_bench_{stem}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -53,6 +60,10 @@ def model_kwargs(s):
         kw = dict(d_model=s["d_model"], heads=s["heads"], layers=s["layers"],
                   classes=s["classes"])
         return kw, dict(kw)
+    if name in ("hf-bert", "hf-llama"):
+        kw = dict(d_model=s["d_model"], heads=s["heads"], layers=s["layers"],
+                  classes=s["classes"], vocab=s["vocab"], seq_len=s["seq_len"])
+        return kw, dict(kw)
     for prefix in ("resnext", "resnet"):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             depth = int(name[len(prefix):])
@@ -60,8 +71,8 @@ def model_kwargs(s):
             if prefix == "resnext":
                 kw.update(cardinality=s["cardinality"], width=s["width"])
             return dict(kw, depth=depth), dict(kw)
-    raise ValueError(f"unknown model {name!r}: use mlp, transformer, resnet18/34/50/101/152 "
-                     "or resnext50/101/152")
+    raise ValueError(f"unknown model {name!r}: use mlp, transformer, resnet18/34/50/101/152, "
+                     "resnext50/101/152, hf-bert or hf-llama")
 
 
 def build_program(s):
@@ -69,7 +80,7 @@ def build_program(s):
     from .. import models
     opt = models.make_optimizer(s["optimizer"], s["lr"])
     kw, _ = model_kwargs(s)
-    if s["model"] == "transformer":
+    if s["model"] in IMPORTED:
         # no builder version: import the seeded twin, its forward returning the loss, so
         # the feeds keep the builder's names (img, label)
         from ..frontends.torch import from_torch
@@ -84,11 +95,13 @@ def build_program(s):
 def build_twin(s):
     """The ``torch.nn`` twin of ``build_program(s)``."""
     _, kw = model_kwargs(s)
-    if s["model"] == "transformer":
+    if s["model"] in IMPORTED:
         import torch
         # torch-only model: its seeded initialisation is the initial weights of every mode
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(s["seed"])
+            if s["model"] != "transformer":
+                return load_twins("hf_models").build_hf(s["model"], **kw)
             return load_twins().build_twin(s["model"], **kw)
     return load_twins().build_twin(s["model"], **kw)
 
@@ -100,7 +113,7 @@ def initial_twin(s):
     the transformer's own seeded ones (its program is imported from them).
     """
     twin = build_twin(s)
-    if s["model"] != "transformer":
+    if s["model"] not in IMPORTED:
         import ssaexec as se
         main, startup, _ = build_program(s)
         scope = se.Scope()
@@ -146,8 +159,16 @@ def torch_optimizer(name, params, lr):
 
 
 def synthetic_batch(s, n):
-    """``n`` seeded samples: (images or features, int64 labels [n, 1])."""
+    """``n`` seeded samples: (images or features, int64 labels [n, 1]); token ids
+    ``[n, seq_len]`` and labels ``[n, 1]`` (``hf-bert``) or ``[n, seq_len]`` (``hf-llama``)."""
     from ..synthetic import random_batch
+    if s["model"] in ("hf-bert", "hf-llama"):
+        import torch
+        g = torch.Generator().manual_seed(1000 + s["seed"])
+        ids = torch.randint(0, s["vocab"], (n, s["seq_len"]), generator=g)
+        if s["model"] == "hf-bert":
+            return ids, torch.randint(0, s["classes"], (n, 1), generator=g)
+        return ids, torch.randint(0, s["vocab"], (n, s["seq_len"]), generator=g)
     shape = ([s["in_dim"]] if s["model"] == "mlp" else
              [s["seq_len"], s["d_model"]] if s["model"] == "transformer" else
              [3, s["image_size"], s["image_size"]])
@@ -167,4 +188,6 @@ def title_size(s):
         return ""
     if s["model"] == "transformer":
         return f" {s['layers']}x{s['d_model']} h{s['heads']} seq {s['seq_len']}"
+    if s["model"] in ("hf-bert", "hf-llama"):
+        return f" {s['layers']}x{s['d_model']} h{s['heads']} seq {s['seq_len']} vocab {s['vocab']}"
     return f" {s['image_size']}x{s['image_size']}"
