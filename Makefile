@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 		echo "note: pip install $$w failed; NCCL collectives fall back to torch.cuda.nccl"; fi; }
 	$(BIN)/pip install -q "networkx>=3.0" "numpy>=1.24" "matplotlib>=3.7" "dask>=2024.1" \
 		"pytest>=8" "hypothesis>=6.100" "pytest-timeout>=2.3" "safetensors>=0.4" \
-		"scikit-learn>=1.3" "protobuf>=4"
+		"scikit-learn>=1.3" "protobuf>=4" "transformers>=5"
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
 
