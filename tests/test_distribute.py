@@ -36,14 +36,36 @@ def mlp(placeable=True, opt=None, hidden=64):
         y = se.layers.data("y", shape=[-1, 1], dtype="float32")
         h = se.layers.fc(x, size=hidden, act="relu")
         loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, size=1), y))
-        opt = opt() if opt else se.optimizer.SGD(learning_rate=0.05)
-        if placeable:
-            params_grads = se.append_backward(loss)
-            with se.layers.PlaceableBlock(inputs=params_grads):
-                opt.apply_gradients(params_grads)
-        else:
-            opt.minimize(loss)
+        _optimize(loss, opt() if opt else se.optimizer.SGD(learning_rate=0.05), placeable)
     return main, startup, loss.name
+
+
+def _optimize(loss, opt, placeable):
+    if placeable:
+        params_grads = se.append_backward(loss)
+        with se.layers.PlaceableBlock(inputs=params_grads):
+            opt.apply_gradients(params_grads)
+    else:
+        opt.minimize(loss)
+
+
+def embedding_model(placeable=True, vocab=1000):
+    """A sparse embedding (``is_sparse``) under a regression head."""
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        ids = se.layers.data("ids", shape=[-1, 4], dtype="int64")
+        y = se.layers.data("y", shape=[-1, 1], dtype="float32")
+        emb = se.layers.embedding(ids, size=[vocab, 8], is_sparse=True)
+        pred = se.layers.fc(se.layers.reduce_mean(emb, dim=1), size=1)
+        loss = se.layers.mean(se.layers.square_error_cost(pred, y))
+        _optimize(loss, se.optimizer.SGD(learning_rate=0.5), placeable)
+    return main, startup, loss.name
+
+
+def id_batches(n=STEPS, rows=8, vocab=1000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"ids": torch.randint(0, vocab, (rows, 4), generator=g),
+             "y": torch.randn(rows, 1, generator=g)} for _ in range(n)]
 
 
 def momentum_lr():
@@ -169,6 +191,29 @@ def test_decay_ops_and_their_sub_blocks_move_with_the_optimizer():
     assert len(dp.trainer.blocks) == 1
 
 
+def test_sparse_gradients_travel_as_rows():
+    main, startup, _ = embedding_model()
+    dp = se.transpile(main, 2, 2, startup, split_threshold=100)
+    assert dp.placement[0][0] == ("embedding_0.w_0.block0", 500)
+    ops = dp.trainer.global_block().ops
+    split = next(op for op in ops if op.type == "split")
+    assert split.input("X") == ["embedding_0.w_0@GRAD"]
+    sends = [op for op in ops if op.type == "send"]
+    assert sends[0].attrs["sparse"] == [0] and sends[1].attrs["sparse"] == [0]
+    for k, server in enumerate(dp.pservers):
+        listen = server.global_block().ops[0]
+        assert listen.attrs["sparse"] == [f"embedding_0.w_0@GRAD.block{k}"]
+    # the trainer's split of a sparse gradient keeps it sparse, rows renumbered per piece
+    from ssaexec.ops.registry import get_op_def
+    g = torch.sparse_coo_tensor(torch.tensor([[3, 600, 999]]), torch.ones(3, 8), (1000, 8),
+                                check_invariants=False).coalesce()
+    parts = get_op_def("split").kernel({"X": g}, {"sections": [500, 500], "axis": 0,
+                                                  "num": 0})["Out"]
+    assert all(p.is_sparse for p in parts)
+    assert parts[0].indices().tolist() == [[3]] and parts[1].indices().tolist() == [[100, 499]]
+    assert torch.equal(torch.cat([p.to_dense() for p in parts]), g.to_dense())
+
+
 def test_server_startups_hold_slices_of_the_original_values():
     main, startup, _ = mlp(opt=lambda: se.optimizer.Adam(0.01), hidden=40)
     dp = se.transpile(main, 2, 2, startup, split_threshold=100)
@@ -235,14 +280,16 @@ def _worker(scenario, out):
     se.distributed.init(backend="gloo", timeout=30)
     rank = se.distributed.rank()
     build = {"seed": lambda: build_uci_housing_pserver(optimizer=se.optimizer.SGD(0.05)),
-             "split": lambda: mlp(opt=momentum_lr, hidden=40)}[scenario.split("-")[0]]
+             "split": lambda: mlp(opt=momentum_lr, hidden=40),
+             "sparse": embedding_model}[scenario.split("-")[0]]
     main, startup, loss = build()
     mode = "async" if "async" in scenario else "sync"
     dp = se.transpile(main, 2, 2, startup, mode=mode, split_threshold=100,
                       timeout=float(os.environ.get("TEST_TIMEOUT", "30")))
     kind, i = dp.role(rank)
     n = 40 if mode == "async" else STEPS
-    feeds = [{k: v[4 * i: 4 * i + 4] for k, v in b.items()} for b in batches(n)]
+    data = id_batches(n) if scenario.startswith("sparse") else batches(n)
+    feeds = [{k: v[4 * i: 4 * i + 4] for k, v in b.items()} for b in data]
     losses = []
 
     def on_step(k, values):
@@ -298,7 +345,9 @@ def _records(tmp_path, ranks):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("scenario,build", [
     ("seed", lambda: build_uci_housing(optimizer=se.optimizer.SGD(0.05))),
-    ("split", lambda: mlp(False, momentum_lr, hidden=40))], ids=["seed-example", "split-momentum"])
+    ("split", lambda: mlp(False, momentum_lr, hidden=40)),
+    ("sparse", lambda: embedding_model(False))],
+    ids=["seed-example", "split-momentum", "sparse-embedding"])
 def test_sync_mode_equals_two_place_data_parallelism(tmp_path, scenario, build):
     ranks = _Ranks(scenario, tmp_path)
     try:
@@ -306,7 +355,7 @@ def test_sync_mode_equals_two_place_data_parallelism(tmp_path, scenario, build):
     finally:
         ranks.kill_all()
     assert codes == [0, 0, 0, 0], outs
-    ref = data_parallel(build, batches())
+    ref = data_parallel(build, id_batches() if scenario == "sparse" else batches())
     for rec in _records(tmp_path, [0, 1]):
         for name in ref:
             assert rel_err(rec["params"][name], ref[name]) < 1e-6, name
@@ -315,7 +364,7 @@ def test_sync_mode_equals_two_place_data_parallelism(tmp_path, scenario, build):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_async_mode_trains(tmp_path):
-    ranks = _Ranks("split-async", tmp_path)
+    ranks = _Ranks("seed-async", tmp_path)
     try:
         codes, outs = ranks.finish()
     finally:

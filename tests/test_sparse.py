@@ -230,6 +230,35 @@ def test_sequential_executor_and_program_files(tmp_path):
     assert torch.equal(results[0], results[1])
 
 
+def test_inside_parallel_do_the_grad_block_gathers_rows():
+    def net(ids, y):
+        emb = se.layers.embedding(ids, size=[1000, DIM], is_sparse=True)
+        return se.layers.square_error_cost(
+            se.layers.fc(se.layers.reduce_mean(emb, dim=1), size=1), y)
+
+    results = []
+    for parallel in (False, True):
+        main, startup = se.Program(), se.Program()
+        with se.program_guard(main, startup):
+            ids = se.layers.data("ids", shape=[-1, SLOTS], dtype="int64")
+            y = se.layers.data("y", shape=[-1, 1], dtype="float32")
+            if parallel:
+                with se.layers.ParallelDo(2) as pd:
+                    pd.write_output(net(pd.read_input(ids), pd.read_input(y)))
+                cost = pd()
+            else:
+                cost = net(ids, y)
+            loss = se.layers.mean(cost)
+            se.optimizer.SGD(0.5).minimize(loss)
+        scope = se.Scope()
+        exe = se.Executor()
+        exe.run(startup, scope=scope)
+        for f in feeds(3, vocab=1000):
+            exe.run(main, feed=f, fetch_list=[loss], scope=scope)
+        results.append(scope.find_var("embedding_0.w_0").clone())
+    assert rel_err(results[1], results[0]) < 1e-6
+
+
 def test_nbytes_counts_rows_and_values():
     t = torch.sparse_coo_tensor(torch.tensor([[3, 9]]), torch.ones(2, 5), (100, 5),
                                 check_invariants=False).coalesce()

@@ -20,7 +20,9 @@ tag ``DATA``. Shapes and dtypes are known on both sides from the programs.
 
 * ``sync``: one round per step: a header and the gradients from every trainer still
   running, in rank order; each gradient is their sum over ``fan_in`` (the mean over
-  the trainers, so the update equals data parallelism's); the optimize block runs
+  the trainers, so the update equals data parallelism's; a sparse gradient, listed in
+  ``sparse``, arrives as its row count, rows and values, and the trainers' rows are
+  gathered and coalesced, never densified); the optimize block runs
   once; the parameters go back to each trainer of the round. A trainer's ``recv``
   returns only when every trainer has sent: the step barrier.
 * ``async``: whichever trainer's header comes first (``recv`` from any source), its
@@ -37,6 +39,7 @@ import torch
 
 from ..errors import DistributedError
 from .registry import register_op
+from .sparse import dense, rows_of, sum_rows
 
 __all__ = ["GRADS", "STOP", "HEADER", "DATA"]
 
@@ -134,19 +137,33 @@ def _header(kind, rank):
     return torch.tensor([kind, rank], dtype=torch.int64)
 
 
+def _as_rows(t):
+    """[row count, rows, values] of ``t`` as a sparse gradient travels (``ops.sparse``)."""
+    t = (t if t.is_sparse else t.to_sparse(1)).coalesce()
+    rows = t.indices()[0]
+    return [torch.tensor([rows.numel()], dtype=torch.int64), rows, t.values()]
+
+
 def send(ins, attrs):
-    """Send X to the parameter server ``peer`` after a header (``stop``: a STOP header)."""
+    """Send X to the parameter server ``peer`` after a header (``stop``: a STOP header).
+
+    The entries of X whose positions ``sparse`` lists travel as rows: their row count,
+    rows and values; the others whole (a sparse one densified)."""
     link = _Link(attrs["peer"], "parameter server", attrs["timeout"])
     kind = STOP if attrs["stop"] else GRADS
     link.send([_header(kind, link.me)], HEADER, "sending a header to")
     if not attrs["stop"]:
-        link.send(ins.get("X") or [], DATA, "sending gradients to")
+        rows = set(attrs["sparse"])
+        out = []
+        for j, t in enumerate(ins.get("X") or []):
+            out += _as_rows(t) if j in rows else [dense(t)]
+        link.send(out, DATA, "sending gradients to")
     return {"Token": torch.zeros((), dtype=torch.int64)}
 
 
 register_op("send", ["X*?!"], ["Token?!"],
-            {"peer": ("int", 0), "timeout": ("float", 60.0), "stop": ("bool", False)},
-            infer=_no_infer, grad=None)(send)
+            {"peer": ("int", 0), "timeout": ("float", 60.0), "stop": ("bool", False),
+             "sparse": ("ints", [])}, infer=_no_infer, grad=None)(send)
 
 
 def _specs(attrs):
@@ -174,7 +191,9 @@ def listen_and_serv(ins, attrs, ctx):
     env = dict(zip(op.input("X"), ins["X"], strict=True))
     block = ctx.program.block(attrs["sub_block"].idx)  # the gradients are its fed vars
     from ..dtypes import torch_dtype
-    specs = [(block.var(n).shape, torch_dtype(block.var(n).dtype)) for n in attrs["grads"]]
+    sparse = set(attrs["sparse"])
+    specs = [(block.var(n).shape, torch_dtype(block.var(n).dtype), n in sparse)
+             for n in attrs["grads"]]
     links = {t: _Link(t, "trainer", attrs["timeout"]) for t in attrs["trainers"]}
     active = list(attrs["trainers"])
     sync = attrs["mode"] == "sync"
@@ -188,19 +207,23 @@ def listen_and_serv(ins, attrs, ctx):
                 if kind == STOP:
                     active.remove(t)
                 else:
-                    arrived.append((t, links[t].recv(specs, DATA, "receiving gradients from")))
+                    arrived.append((t, _recv_grads(links[t], specs)))
             if not arrived:
                 break
             for j, name in enumerate(attrs["grads"]):
-                total = arrived[0][1][j].clone()
-                for _, grads in arrived[1:]:
-                    total.add_(grads[j])
-                env[name] = total.mul_(1.0 / fan_in) if fan_in != 1 else total
+                parts = [grads[j] for _, grads in arrived]
+                if parts[0].is_sparse:
+                    total = sum_rows(parts)
+                else:
+                    total = parts[0].clone()
+                    for g in parts[1:]:
+                        total.add_(g)
+                env[name] = total * (1.0 / fan_in) if fan_in != 1 else total
         else:
             t = _any_header(links, active)
             if t is None:
                 continue
-            grads = links[t].recv(specs, DATA, "receiving gradients from")
+            grads = _recv_grads(links[t], specs)
             env.update(zip(attrs["grads"], grads, strict=True))
             arrived = [(t, grads)]
         ctx.run_block(attrs["sub_block"].idx, env)
@@ -208,6 +231,20 @@ def listen_and_serv(ins, attrs, ctx):
         for t, _ in arrived:
             links[t].send(params, DATA, "sending parameters to")
     return {"Out": [env.get(n) for n in op.output("Out")]}
+
+
+def _recv_grads(link, specs):
+    """The gradients of one trainer: whole, or as rows (``specs``: shape, dtype, sparse)."""
+    out = []
+    for shape, dtype, sparse in specs:
+        if not sparse:
+            out += link.recv([(shape, dtype)], DATA, "receiving gradients from")
+            continue
+        n = int(link.recv([([1], torch.int64)], DATA, "receiving gradients from")[0][0])
+        rows, values = link.recv([([n], torch.int64), ([n] + list(shape[1:]), dtype)], DATA,
+                                 "receiving gradients from")
+        out.append(rows_of(rows, values, shape))
+    return out
 
 
 def _any_header(links, active):
@@ -230,5 +267,5 @@ def _any_header(links, active):
 register_op("listen_and_serv", ["X*!"], ["Out*!"],
             {"sub_block": ("block", None), "grads": ("strs", []), "params": ("strs", []),
              "trainers": ("ints", []), "mode": ("str", "sync"), "fan_in": ("int", 0),
-             "timeout": ("float", 60.0)},
+             "timeout": ("float", 60.0), "sparse": ("strs", [])},
             infer=_no_infer, grad=None, inplace=True, control=True)(listen_and_serv)

@@ -27,7 +27,7 @@ import torch
 
 from .registry import register_grad
 
-__all__ = ["sgd_rows", "adam_rows", "dense", "nbytes"]
+__all__ = ["sgd_rows", "adam_rows", "dense", "nbytes", "sum_rows", "rows_of"]
 
 
 @register_grad("lookup_table", uses=["W", "Ids"])
@@ -41,6 +41,22 @@ def lookup_table_grad(ins, attrs, wanted):
     grad = torch.ops.aten.embedding_backward(g, ins["Ids"], w.shape[0],
                                              pad if pad >= 0 else -1, False, sparse)
     return {"W@GRAD": grad.coalesce() if sparse else grad}
+
+
+def sum_rows(tensors):
+    """The sum of sparse tensors, made by gathering their rows and values in order (so
+    memory stays proportional to the rows touched); coalesced, on the first's device."""
+    dev = tensors[0].device
+    parts = [t.coalesce() for t in tensors]
+    return torch.sparse_coo_tensor(torch.cat([t.indices().to(dev) for t in parts], 1),
+                                   torch.cat([t.values().to(dev) for t in parts]),
+                                   tensors[0].shape, check_invariants=False).coalesce()
+
+
+def rows_of(indices, values, shape):
+    """The coalesced sparse tensor of ``shape`` whose rows ``indices`` hold ``values``."""
+    return torch.sparse_coo_tensor(indices.reshape(1, -1), values, tuple(shape),
+                                   check_invariants=False).coalesce()
 
 
 def dense(g):

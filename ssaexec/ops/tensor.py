@@ -73,6 +73,10 @@ def split(ins, attrs):
             raise ValueError(f"split: axis {axis} of size {size} does not divide into "
                              f"{num} equal parts")
         sections = [size // num] * num
+    if x.is_sparse:  # a sparse gradient cut by rows for parameter servers (ops.sparse)
+        starts = [sum(sections[:i]) for i in range(len(sections))]
+        return {"Out": [x.narrow_copy(axis, a, n).coalesce()
+                        for a, n in zip(starts, sections, strict=True)]}
     parts = torch.split(x, sections, dim=axis)
     return {"Out": [p.clone(memory_format=torch.contiguous_format) for p in parts]}
 

@@ -30,6 +30,11 @@ state of its shape split alike and the rest (Adam's beta powers) copied per piec
 Smaller parameters stay whole and go round-robin, largest first. Both kinds of
 updates are elementwise, so a piece's update is exactly that slice of the whole.
 
+Sparse gradients (an embedding's, ``ops.sparse``) travel as rows: the trainer cuts
+them by rows like any gradient, ``send`` posts each piece's row count, rows and
+values, and a server gathers the trainers' rows (``listen_and_serv``'s ``sparse``)
+and updates only those rows.
+
 Startup programs. The trainers' is the original one, without the optimizer state
 they no longer need; a server's initialises the full vars it holds a piece of (the
 initialisers carry their seeds, so every process draws the same values) and keeps
@@ -314,6 +319,7 @@ class DistributeTranspiler:
             raise ProgramError(f"transpile mode must be one of {MODES}, got {mode!r}")
         self.trainers, self.pservers, self.mode = int(trainers), int(pservers), mode
         self.split_threshold, self.timeout = int(split_threshold), float(timeout)
+        self._sparse = set()
 
     def transpile(self, program, startup=None):
         """Return the ``DistributedPrograms`` of ``program`` (and its ``startup``)."""
@@ -334,6 +340,7 @@ class DistributeTranspiler:
                 raise ProgramError(f"transpile: the placeable block writes {n!r}, which the "
                                    "trainer reads but which is no updated parameter")
         _place(program, units, self.pservers, self.split_threshold)
+        self._sparse = _sparse_grads(program)
         order = [u for u in units.values()]
         out = DistributedPrograms(self.trainers, self.mode)
         out.table = table
@@ -372,9 +379,11 @@ class DistributeTranspiler:
                 continue
             tok = g0.create_var(f"@SEND.token.{k}", [], "int64", stop_gradient=True).name
             tokens.append(tok)
+            rows = [j for j, p in enumerate(pieces) if p.unit.grad in self._sparse]
             ops.append(_op("send", {"X": [p.name(p.unit.grad) for p in pieces]},
                            {"Token": [tok]}, {"peer": self.trainers + k,
-                                              "timeout": self.timeout}, "optimize"))
+                                              "timeout": self.timeout, "sparse": rows},
+                           "optimize"))
         for k in range(self.pservers):
             pieces = [p for u in units for p in u.pieces if p.server == k]
             if not pieces:
@@ -436,8 +445,20 @@ class DistributeTranspiler:
                       "params": [p.name(p.unit.param) for p in pieces],
                       "trainers": list(range(self.trainers)), "mode": self.mode,
                       "fan_in": self.trainers if self.mode == "sync" else 1,
-                      "timeout": self.timeout}, role="optimize")
+                      "timeout": self.timeout,
+                      "sparse": [p.name(p.unit.grad) for p in pieces
+                                 if p.unit.grad in self._sparse]}, role="optimize")
         return prog, _server_startup(startup, prog, pieces, g_src)
+
+
+def _sparse_grads(program):
+    """Gradients block 0 makes sparse (``ops.sparse``): they travel as rows."""
+    out = set()
+    for op in program.global_block().ops:
+        if op.role == "backward" and (op.attrs.get("is_sparse") is True or (
+                op.type == "sum" and set(op.input_names()) <= out)):
+            out.update(op.output_names())
+    return out
 
 
 def _op(type, inputs, outputs, attrs, role):

@@ -16,6 +16,8 @@ one across processes.
 
 import torch
 
+from ..ops.sparse import sum_rows
+
 __all__ = ["LocalCollective", "gather_sparse"]
 
 
@@ -26,11 +28,7 @@ def gather_sparse(tensors, average=False, count=None):
     coalesced, on the first tensor's device; ``average`` divides by ``count`` (default:
     the number of tensors).
     """
-    dev = tensors[0].device
-    parts = [t.coalesce() for t in tensors]
-    merged = torch.sparse_coo_tensor(torch.cat([t.indices().to(dev) for t in parts], 1),
-                                     torch.cat([t.values().to(dev) for t in parts]),
-                                     tensors[0].shape, check_invariants=False).coalesce()
+    merged = sum_rows(tensors)
     if average:
         merged = merged * (1.0 / (count or len(tensors)))
     return merged

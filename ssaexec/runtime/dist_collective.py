@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError, SSAExecError
+from ..ops.sparse import rows_of
 from .collective import LocalCollective, gather_sparse
 
 __all__ = ["ProcessGroupCollective", "describe_collective"]
@@ -180,10 +181,9 @@ class ProcessGroupCollective(LocalCollective):
                   lambda: dist.all_gather(all_rows, rows, group=self.group, async_op=True))
         self.call(f"{what} (values)",
                   lambda: dist.all_gather(all_vals, vals, group=self.group, async_op=True))
-        merged = torch.sparse_coo_tensor(
-            torch.cat([r[:c] for r, c in zip(all_rows, counts, strict=True)]).unsqueeze(0),
-            torch.cat([v[:c] for v, c in zip(all_vals, counts, strict=True)]),
-            local.shape, check_invariants=False).coalesce()
+        merged = rows_of(torch.cat([r[:c] for r, c in zip(all_rows, counts, strict=True)]),
+                         torch.cat([v[:c] for v, c in zip(all_vals, counts, strict=True)]),
+                         local.shape)
         if average:
             merged = merged * (1.0 / (len(tensors) * self.world_size))
 
