@@ -36,7 +36,12 @@ Policy (details in each module's docstring):
   is given). Dimension 0 of every input is the batch (-1 in the program, split
   across places) unless the input is named in ``unbatched``; the batch is traced
   symbolically, so sizes that depend on it (a flatten's ``[s0, 512]``) are size
-  expressions, and one program runs any batch size.
+  expressions, and one program runs any batch size. ``dynamic=`` names other
+  symbolic dimensions (``{"input_ids": {1: "seq"}}``): one program, any length.
+* Model code sees a ``torch.export`` trace (``torch.compiler.is_exporting()``), so
+  libraries such as ``transformers`` take their traceable branches; keyword inputs
+  are fed by name, and a forward returning a ``dict`` / ``ModelOutput`` trains on
+  its ``"loss"`` (``output=`` picks another field, or what ``loss_fn`` reads).
 * Parameters and buffers keep their module names and are persistable;
   ``startup`` sets them to the module's current values (``assign_bytes``: base64
   of the raw bytes, about 1.33 bytes per byte of weights in the JSON file). The

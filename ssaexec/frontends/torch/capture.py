@@ -1,8 +1,9 @@
 """Capture: trace a module's forward *and* backward into one functional ATen graph.
 
 ``capture_joint`` runs AOTAutograd's joint export (``aot_export_module`` with
-``trace_joint=True``) on fake tensors whose batch dimension is a symbol, and
-hands the lowering a ``Joint``: the FX graph plus what its nodes mean.
+``trace_joint=True``) on fake tensors whose batch dimension (and the dimensions
+``dynamic=`` names) are symbols, in the state a non-strict ``torch.export`` traces
+in, and hands the lowering a ``Joint``: the FX graph plus what its nodes mean.
 ``capture_forward`` is the same for an evaluation program: the module in eval
 mode (``module.eval()`` for the trace, its flags restored after), forward only
 (``trace_joint=False``), the forward's results as ``outputs``.
@@ -17,6 +18,16 @@ Policy:
   (``locate``: ``TorchDispatchMode``, an overload's ``_schema``).
 * The user's module is never changed: its parameters and buffers are swapped for
   fake copies while tracing and always restored; nothing real is computed.
+* Model code sees an export: ``torch.compiler.is_compiling()`` and
+  ``is_exporting()`` are true while tracing, so libraries that ask (``transformers``'
+  ``is_tracing()``) take their traceable branches instead of data-dependent
+  shortcuts; nothing in them is patched.
+* Ops the operator policy refuses are traced as torch's core ATen decompositions;
+  ``F.pad`` and contiguous ``as_strided`` replays as functional ops whose fake
+  kernels keep the batch symbolic (``_decompositions``).
+* ``output`` picks the loss (or what ``loss_fn`` reads, or the evaluation result)
+  from the forward's result; a ``dict`` / ``ModelOutput`` without ``loss_fn`` gives
+  its ``"loss"`` (``select_output``).
 * Every capture failure becomes a ``ProgramError`` that names the construct
   and, where it can, the module path (``locate.capture_error``).
 
@@ -24,9 +35,10 @@ Invariants of a ``Joint``:
 
 * ``feeds`` are the keys of ``example_inputs`` in order; parameter and buffer
   names are the module's own (the wrapper's ``module.`` prefix stripped);
-* the batch symbols are named ``s0, s1 ...`` in input order, each bound to the
-  first input dimension that is exactly that symbol, and every batched input's
-  dimension 0 is symbolic (a module that fixes it is refused);
+* the symbols are named ``s0, s1 ...`` in input order, each bound to the first
+  input dimension that is exactly that symbol; every batched input's dimension 0
+  and every dimension ``dynamic=`` names is symbolic, one symbol per name (a module
+  that fixes one, or makes two names equal, is refused);
 * ``seed`` is the one ``ones_like`` of the loss that seeds the backward (a
   forward-only capture has no ``loss``, ``seed`` or ``grads``, and ``outputs``
   lists the nodes of the forward's results);
@@ -34,6 +46,7 @@ Invariants of a ``Joint``:
 """
 
 import collections.abc
+import contextlib
 import inspect
 
 import torch
@@ -355,7 +368,6 @@ def _refuse_cumulative_batch_norm(module):
 
 def _export(wrapper, inputs, dims, trace_joint):
     """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
-    from torch._export.utils import _compiling_state_context
     from torch._functorch.aot_autograd import aot_export_module
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
@@ -399,7 +411,7 @@ def _export(wrapper, inputs, dims, trace_joint):
         # are true, as in a non-strict torch.export): libraries ask for it before
         # data-dependent shortcuts (transformers' is_tracing() skips `if (mask == 0).all()`
         # and builds the causal mask with tensor ops instead).
-        with fake_mode, _compiling_state_context():
+        with fake_mode, _export_state():
             if trace_joint:
                 return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
                                          decompositions=_decompositions())
@@ -412,6 +424,26 @@ def _export(wrapper, inputs, dims, trace_joint):
     finally:
         for table, key, real in reversed(swapped):
             table[key] = real
+
+
+def _export_state():
+    """The state a non-strict ``torch.export`` traces in (``is_compiling()`` and
+    ``is_exporting()`` true), as a context manager."""
+    try:
+        from torch._export.utils import _compiling_state_context
+    except ImportError:  # older torch: the flags, set the way that context sets them
+        return _flags_state()
+    return _compiling_state_context()
+
+
+@contextlib.contextmanager
+def _flags_state():
+    old = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
+    try:
+        torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = True
+        yield
+    finally:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = old
 
 
 _DECOMPOSITIONS = None
