@@ -32,9 +32,9 @@ def run_trainer(programs, trainer_id, feeds, fetch_list=(), scope=None, place=No
         The trainer's scope (parameters as the servers last sent them) and the fetched
         values of every step.
     """
-    kind, _ = programs.role(trainer_id)
-    if kind != "trainer":
-        raise SSAExecError(f"rank {trainer_id} is a {kind}, not a trainer")
+    role, _ = programs.role(trainer_id)
+    if role != "trainer":
+        raise SSAExecError(f"rank {trainer_id} is a {role}, not a trainer")
     scope = scope if scope is not None else Scope()
     exe = Executor(place)
     exe.run(programs.trainer_startup, scope=scope)
@@ -63,7 +63,7 @@ def run_pserver(programs, server_id, scope=None, place=None):
 
 def run_role(programs, rank, feeds=None, fetch_list=(), scope=None, place=None, on_step=None):
     """``run_trainer`` or ``run_pserver``, by ``programs.role(rank)``; returns the scope."""
-    kind, i = programs.role(rank)
-    if kind == "pserver":
+    role, i = programs.role(rank)
+    if role == "pserver":
         return run_pserver(programs, i, scope, place)
     return run_trainer(programs, i, feeds or [], fetch_list, scope, place, on_step)[0]

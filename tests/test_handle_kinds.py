@@ -129,3 +129,14 @@ def test_both_paths_run_the_new_kind(runner):
     want = [torch.relu(2 * x[pi:pi + 1]).sum() for pi in range(2)]
     (got,) = out.values()
     assert all(torch.equal(a.reshape(()), b) for a, b in zip(got, want, strict=True))
+
+
+def test_no_module_dispatches_on_kind_names():
+    """Consumers use the handle classes' attributes or dispatch on the class (the issue's
+    acceptance: ``grep -rn 'kind ==' ssaexec/`` finds nothing outside the handle classes)."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent / "ssaexec"
+    hits = [f"{p.relative_to(root.parent)}:{k}" for p in sorted(root.rglob("*.py"))
+            for k, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if "kind ==" in line or "kind !=" in line]
+    assert hits == []

@@ -50,8 +50,8 @@ def main(argv=None):
         check_world(programs)
         distributed.init(backend="gloo", timeout=args.timeout)
         rank = distributed.rank()
-        kind, i = programs.role(rank)
-        if kind == "trainer":
+        role, i = programs.role(rank)
+        if role == "trainer":
             loss = loss_var(program)
             batch = synthetic_feed(program, args.batch, seed=args.seed)
             feed = _share(batch, i, programs.trainers)

@@ -116,7 +116,7 @@ def _profile(args, program, cluster):
         if isinstance(doc, dict) and "traceEvents" in doc:
             return Profile.from_trace(doc, readable_extra_s=cluster.host.readable_extra_s)
         raise UsageError(f"{args.profile}: neither an 'ssaexec trace' file nor a profile")
-    if cluster.device.kind == "gpu":
+    if cluster.device.is_gpu:
         return Profile.estimate(program, args.batch, cluster.device)
     return Profile.measure(program, batch=args.batch,
                            readable_extra_s=cluster.host.readable_extra_s)

@@ -29,6 +29,7 @@ scheduler.
 """
 
 from ..ops.registry import get_op_def
+from .ssa import ComputationOpHandle
 
 __all__ = ["AliasPlan", "plan_aliasing", "inplace_pairs"]
 
@@ -53,7 +54,7 @@ def _alias_pairs(op):
     ``OpDef.may_alias`` is True (any result with any input: ATen views) or a dict
     of output slot -> input slots (a vjp grad may hand back its cotangent).
     """
-    if op.kind != "compute":
+    if not isinstance(op, ComputationOpHandle):
         return []
     rule = getattr(get_op_def(op.op.type), "may_alias", False)
     if not rule:
@@ -80,7 +81,7 @@ def inplace_pairs(op):
         ins = {(v.place_idx, v.name): v for v in op.inputs if not v.is_dummy}
         return [(ins[(v.place_idx, v.name)], v) for v in op.outputs
                 if not v.is_dummy and (v.place_idx, v.name) in ins]
-    if op.kind != "compute" or not get_op_def(op.op.type).inplace:
+    if not isinstance(op, ComputationOpHandle) or not get_op_def(op.op.type).inplace:
         return []
     ins = {v.name: v for v in op.inputs if not v.is_dummy}
     return [(ins[v.name], v) for v in op.outputs if not v.is_dummy and v.name in ins]

@@ -150,8 +150,8 @@ def send(ins, attrs):
     The entries of X whose positions ``sparse`` lists travel as rows: their row count,
     rows and values; the others whole (a sparse one densified)."""
     link = _Link(attrs["peer"], "parameter server", attrs["timeout"])
-    kind = STOP if attrs["stop"] else GRADS
-    link.send([_header(kind, link.me)], HEADER, "sending a header to")
+    tag = STOP if attrs["stop"] else GRADS
+    link.send([_header(tag, link.me)], HEADER, "sending a header to")
     if not attrs["stop"]:
         rows = set(attrs["sparse"])
         out = []
@@ -202,9 +202,9 @@ def listen_and_serv(ins, attrs, ctx):
         if sync:
             arrived = []
             for t in list(active):
-                kind = int(links[t].recv([([2], torch.int64)], HEADER,
+                tag = int(links[t].recv([([2], torch.int64)], HEADER,
                                          "waiting for a header from")[0][0])
-                if kind == STOP:
+                if tag == STOP:
                     active.remove(t)
                 else:
                     arrived.append((t, _recv_grads(links[t], specs)))

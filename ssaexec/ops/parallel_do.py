@@ -57,12 +57,12 @@ def attr_places(strs):
     """The places of a ``places`` attribute (``ValueError`` on a malformed entry)."""
     places = []
     for s in strs:
-        kind, _, rest = s.partition(":")
+        family, _, rest = s.partition(":")
         idx, _, dev = rest.partition("/")
-        if kind not in ("cpu", "cuda") or not idx.isdigit() or (dev and not dev.isdigit()) \
-                or (dev and kind == "cpu"):
+        if family not in ("cpu", "cuda") or not idx.isdigit() or (dev and not dev.isdigit()) \
+                or (dev and family == "cpu"):
             raise ValueError(f"bad place {s!r}: use cpu:I, cuda:I or cuda:I/D")
-        places.append(CPUPlace(int(idx)) if kind == "cpu" else
+        places.append(CPUPlace(int(idx)) if family == "cpu" else
                       CUDAPlace(int(idx), int(dev) if dev else None))
     if not places:
         raise ValueError("parallel_do needs at least one place")

@@ -251,8 +251,8 @@ class DistributedPrograms:
 
     def programs(self, rank):
         """(main, startup) of process ``rank``."""
-        kind, i = self.role(rank)
-        if kind == "trainer":
+        role, i = self.role(rank)
+        if role == "trainer":
             return self.trainer, self.trainer_startup
         return self.pservers[i], self.pserver_startups[i]
 

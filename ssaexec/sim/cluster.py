@@ -49,6 +49,10 @@ class Device:
     mem_bw: float = 0.0
     kernel_min: float = 0.0
 
+    @property
+    def is_gpu(self):
+        return self.kind.startswith("gpu")
+
 
 @dataclass(frozen=True, slots=True)
 class Host:

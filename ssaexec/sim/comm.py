@@ -77,10 +77,10 @@ def hierarchical_all_reduce(nbytes, nodes, per_node, intra, inter):
     return t
 
 
-def _ring(cluster, kind, nbytes, ranks):
+def _ring(cluster, coll, nbytes, ranks):
     nodes, g = cluster.layout(ranks)
     intra, inter = cluster.intra, cluster.inter
-    if kind == "all_reduce":
+    if coll == "all_reduce":
         steps, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
         inter_steps = 2 * (nodes - 1)
     else:  # reduce, broadcast
@@ -101,13 +101,13 @@ def _tree(cluster, nbytes, ranks):
     return lat + 2 * nbytes / bw
 
 
-def collective_time(cluster, kind, nbytes, ranks, algorithm="auto"):
+def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
     """Seconds one collective of ``nbytes`` (per rank) takes on ``ranks`` ranks.
 
     Parameters
     ----------
     cluster : ssaexec.sim.cluster.Cluster
-    kind : {"all_reduce", "reduce", "broadcast"}
+    coll : {"all_reduce", "reduce", "broadcast"}
     nbytes : int
         Payload of one rank (what the rank holds before the call).
     ranks : int
@@ -124,11 +124,11 @@ def collective_time(cluster, kind, nbytes, ranks, algorithm="auto"):
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     base = cluster.collective_launch
-    if kind != "all_reduce":
-        return base + _ring(cluster, kind, nbytes, ranks), "ring"
+    if coll != "all_reduce":
+        return base + _ring(cluster, coll, nbytes, ranks), "ring"
     nodes, g = cluster.layout(ranks)
     options = {
-        "ring": _ring(cluster, kind, nbytes, ranks),
+        "ring": _ring(cluster, coll, nbytes, ranks),
         "tree": _tree(cluster, nbytes, ranks),
         "hierarchical": hierarchical_all_reduce(
             nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bandwidth),

@@ -45,7 +45,7 @@ import weakref
 from collections import deque
 
 from ..dtypes import torch_dtype
-from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle
+from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle, FetchOpHandle
 from .comm import collective_time
 from .profile import OpCost
 
@@ -170,7 +170,7 @@ def _node_graph(graph, compiled, noop_collectives):
 
 def _fusion(handles):
     """(index of the last member -> group, indices to skip): the optimizer ops of one
-    segment the compiled path fuses (one kind, one learning rate, same attributes)."""
+    segment the compiled path fuses (one coll, one learning rate, same attributes)."""
     from ..graph.ssa import ComputationOpHandle
     groups = {}
     for k, h in enumerate(handles):
@@ -220,7 +220,7 @@ class _Replay:
         self.procs = processes
         self.ranks = self.P * processes
         self.cuda_graph, self.compiled = cuda_graph, compiled
-        self.gpu = cluster.device.kind == "gpu"
+        self.gpu = cluster.device.is_gpu
         self.algorithm, self.comm = algorithm, comm
         self.notes = []
         nodes_per_machine, g = cluster.layout(self.ranks)
@@ -274,7 +274,7 @@ class _Replay:
     def cost(self, h):
         c = self.profile.cost(h)
         if c is None:
-            if h.kind != "fetch":
+            if not isinstance(h, FetchOpHandle):
                 self.missing.add(h.op_type)
             c = self.profile.fallback(h)
         host = self.host.op_s if c.host_s is None else c.host_s
@@ -285,24 +285,24 @@ class _Replay:
             host = 0.0
         return OpCost(dev, host)
 
-    def net_time(self, kind, nbytes, ranks, cluster=None):
+    def net_time(self, coll, nbytes, ranks, cluster=None):
         if not self.comm:
             return 0.0
-        t, algo = collective_time(cluster or self.cluster, kind, nbytes, ranks, self.algorithm)
+        t, algo = collective_time(cluster or self.cluster, coll, nbytes, ranks, self.algorithm)
         self.algos[algo] = self.algos.get(algo, 0) + 1
         return t
 
-    def local_time(self, kind, nbytes):
+    def local_time(self, coll, nbytes):
         """In-process collective of the P places (host work for CPU places)."""
         P = self.P
         if P <= 1 or not self.comm:
             return 0.0
         if self.gpu or self.cluster.local_sum is None:
-            k = "reduce" if kind == "all_reduce" and self.procs > 1 else kind
+            k = "reduce" if coll == "all_reduce" and self.procs > 1 else coll
             return self.net_time(k, nbytes, P)
         alpha, bw = self.cluster.local_sum
         t = (P - 1) * (alpha + nbytes / bw)
-        return t if kind == "all_reduce" else t / 2
+        return t if coll == "all_reduce" else t / 2
 
     # --- host work ----------------------------------------------------------------------
     def host_work(self, thread, seconds, label, gil_fraction=None):
@@ -415,8 +415,8 @@ class _Replay:
 
     def collective(self, thread, h):
         nbytes = wire_bytes(h, self.graph.program)
-        kind = "all_reduce" if isinstance(h, AllReduceOpHandle) else h.kind
-        is_async = kind == "all_reduce" and h.wait is not None
+        coll = "all_reduce" if isinstance(h, AllReduceOpHandle) else h.kind
+        is_async = coll == "all_reduce" and h.wait is not None
         label = h.name
         P = self.P
         if P == 1 and self.procs == 1:
@@ -427,27 +427,27 @@ class _Replay:
             self.dev_end[h.id] = (t, thread.last)
             yield t
             return
-        local = self.local_time(kind, nbytes)
+        local = self.local_time(coll, nbytes)
         cross = self.procs > 1
         if self.gpu:
             t = self.host_work(thread, 0.0 if self.cuda_graph else self.host.op_s * P, label)
             work = local
-            if cross and kind == "all_reduce":  # local reduce, processes, local broadcast
+            if cross and coll == "all_reduce":  # local reduce, processes, local broadcast
                 work += self.net_time("all_reduce", nbytes, self.procs, self.proc_cluster)
             elif cross:
-                work = self.net_time(kind, nbytes, self.ranks)
+                work = self.net_time(coll, nbytes, self.ranks)
             a = self.stream_work(self.proc_comm, work, label,
                                  [(t, thread.last)] + self.deps(h), "comm")
             self.dev_end[h.id] = (a.end, a)
             yield t
             if cross and is_async:
                 self.pending_net[h.id] = (a.end, a)
-            elif cross and kind == "all_reduce" and not self.cuda_graph:
+            elif cross and coll == "all_reduce" and not self.cuda_graph:
                 # the executor waits for the process group's work with a timeout: blocking
                 yield self.block(thread, (a.end, a))
             return
         # CPU places: the in-process part is host work (sums and copies on the thread)
-        calls = 2 * (P - 1) if kind == "all_reduce" else P - 1
+        calls = 2 * (P - 1) if coll == "all_reduce" else P - 1
         if len(h.var_names) > 1 and P > 1:  # a fused bucket: flatten, then copy back
             calls += P * (1 + len(h.var_names))
             if self.cluster.local_sum is not None:
@@ -461,7 +461,7 @@ class _Replay:
         if cross:
             t = self.host_work(thread, self.host.op_s, label)
             yield t
-            net = self.net_time(kind, nbytes, self.procs, self.proc_cluster)
+            net = self.net_time(coll, nbytes, self.procs, self.proc_cluster)
             ch = min(self.channels, key=lambda c: c.free)
             a = self.stream_work(ch, net, label, [(t, thread.last)], "comm")
             if is_async:

@@ -76,7 +76,7 @@ class Prediction:
 
 
 def _places(cluster, n):
-    cls = CUDAPlace if cluster.device.kind == "gpu" else CPUPlace
+    cls = CUDAPlace if cluster.device.is_gpu else CPUPlace
     return [cls(i) for i in range(n)]
 
 
@@ -126,7 +126,7 @@ def _step(program, profile, cluster, places, processes, bs, comm=True, cache=Non
 def _best_threading(program, profile, cluster, places, processes, bs, inline, **kw):
     # The executor times both ways on its first steps when several CPU places share a
     # process and keeps the faster (ParallelExecutor._threading_probe); so does this.
-    if inline is not None or cluster.device.kind == "gpu" or places < 2 or \
+    if inline is not None or cluster.device.is_gpu or places < 2 or \
             kw.get("threads") is not None:
         return _step(program, profile, cluster, places, processes, bs,
                      inline=bool(inline), **kw)
@@ -205,7 +205,7 @@ def scaling(program, profile, cluster, gpus, layouts=LAYOUTS, cuda_graphs=(False
     out = []
     base = {}
     kw.setdefault("cache", {})
-    cuda_graphs = cuda_graphs if cluster.device.kind == "gpu" else (False,)
+    cuda_graphs = cuda_graphs if cluster.device.is_gpu else (False,)
     for n in gpus:
         for layout in layouts:
             for cg in cuda_graphs:

@@ -30,7 +30,7 @@ import re
 import statistics
 
 from ..errors import SSAExecError
-from ..graph.ssa import ComputationOpHandle
+from ..graph.ssa import ComputationOpHandle, FetchOpHandle
 
 __all__ = ["OpCost", "Profile", "op_key", "EFFICIENCY"]
 
@@ -46,7 +46,7 @@ def op_key(handle):
     if isinstance(handle, ComputationOpHandle):
         outs = [v.name for v in handle.outputs if not v.is_dummy]
         return f"{handle.op.type}|{','.join(outs)}"
-    if handle.kind == "fetch":
+    if isinstance(handle, FetchOpHandle):
         return f"fetch|{handle.var_name}"
     return handle.kind
 
@@ -106,7 +106,7 @@ class Profile:
 
     def fallback(self, handle):
         """A stand-in for an op the profile lacks: the median of its type, else of all."""
-        if handle.kind == "fetch":
+        if isinstance(handle, FetchOpHandle):
             return OpCost(0.0)  # a copy of a scalar: the host launch only
         typ = handle.op_type
         same = [c for k, c in self.costs.items() if k.split("|", 1)[0] == typ]
@@ -248,7 +248,7 @@ class Profile:
         ``efficiency["mem"]`` of the memory bandwidth; no kernel is shorter than
         ``device.kernel_min``. Host times are the cluster's default.
         """
-        if device.kind != "gpu" or not device.mem_bw:
+        if not device.is_gpu or not device.mem_bw:
             raise SSAExecError(f"Profile.estimate needs a GPU device with peak figures, got "
                                f"{device.name!r}; measure a profile instead")
         eff = dict(EFFICIENCY, **(efficiency or {}))
@@ -335,17 +335,17 @@ def _medians(doc):
         if e.get("ph") != "X" or e.get("cat") in (None, "step"):
             continue
         args = e.get("args", {})
-        kind = e.get("cat")
-        if kind == "compute":
+        cat = e.get("cat")  # the trace's category: the handle kind's label
+        if cat == "compute":
             if e.get("pid") != 1:
                 continue
             outs = [_VERSION.sub("", o) for o in args.get("outputs", [])]
             key = f"{args.get('op_type')}|{','.join(outs)}"
-        elif kind == "scale_loss_grad":
+        elif cat == "scale_loss_grad":
             if e.get("pid") != 1:
                 continue
-            key = kind
-        elif kind == "fetch":
+            key = cat
+        elif cat == "fetch":
             key = f"fetch|{args.get('var')}"
         else:
             continue  # collectives are modelled, not replayed

@@ -43,7 +43,7 @@ def format_scaling(predictions, program="", cluster=None, profile=None):
         lines.append(f"ssaexec simulate: {program}")
     if cluster is not None:
         lines.append(f"  cluster  {cluster.name}: {cluster.description}")
-    unit = "GPU" if cluster is None or cluster.device.kind == "gpu" else "place"
+    unit = "GPU" if cluster is None or cluster.device.is_gpu else "place"
     if profile is not None:
         lines.append(f"  profile  {profile.source}; batch {profile.batch} per {unit}")
     best = best_per_size(predictions)
