@@ -11,9 +11,10 @@ Each round (``--rounds``, default 3) does, in this order and close together so t
 machine's load (it is shared) hits predictions and measurements alike:
 
 1. calibrates a CPU cluster (``ssaexec.sim.calibrate``: host constants from a chain of
-   tiny ops, the scheduler's hand-off, ``LocalCollective`` all-reduces over 2 and 4
-   places, and blocking gloo all-reduces between the 2 worker processes, bytes vs
-   time); nothing of the program being predicted goes into it;
+   tiny ops, the scheduler's hand-off, how fast cores run side by side,
+   ``LocalCollective`` all-reduces over 2 and 4 places, and between the 2 worker
+   processes blocking gloo all-reduces, bytes vs time, and a burst of asynchronous
+   ones); nothing of the program being predicted goes into it;
 2. profiles the program on one place (``Profile.measure``: one scheduler thread,
    ``observe``) with 2 torch threads (what one place gets on 2 cores) and with 1
    (what each of several places, or processes, gets);
@@ -49,6 +50,7 @@ from ssaexec import sim  # noqa: E402
 from ssaexec.sim import calibrate  # noqa: E402
 
 TARGET = 0.15
+BURST_BYTES = 1 << 14  # the size of the gloo burst: a small gradient
 CONFIGS = [("1 place", 1, "process-per-node", 2), ("2 places", 2, "process-per-node", 1),
            ("4 places", 4, "process-per-node", 1), ("2 processes (gloo)", 2,
                                                    "process-per-gpu", 1)]
@@ -98,6 +100,7 @@ def worker(args):
     se.distributed.init(backend="gloo", timeout=120)
     rank = se.distributed.rank()
     sweep = calibrate.gloo_sweep()
+    burst = calibrate.gloo_burst(BURST_BYTES)
     main, startup, loss = _load(args.program)
     pe = se.ParallelExecutor(places=[se.CPUPlace(0)], main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
@@ -108,7 +111,7 @@ def worker(args):
         threads = torch.get_num_threads()
     finally:
         pe.close()
-    out = {"rank": rank, "gloo": sweep, "times": times, "busy": busy,
+    out = {"rank": rank, "gloo": sweep, "burst": burst, "times": times, "busy": busy,
            "torch_threads": threads}
     Path(args.worker, f"rank{rank}.json").write_text(json.dumps(out))
     se.distributed.shutdown()
@@ -223,7 +226,8 @@ def one_round(args, main, startup, loss, k):
                                sum(r["busy"] for r in ranks), w)
     gloo = [(s, max(r["gloo"][i][1] for r in ranks)) for i, (s, _) in
             enumerate(ranks[0]["gloo"])]
-    cluster = calibrate.cpu_cluster(host, local, gloo)
+    burst = tuple(max(r["burst"][i] for r in ranks) for i in range(2))
+    cluster = calibrate.cpu_cluster(host, local, gloo, burst=(BURST_BYTES, burst))
     rows = []
     for name, n, layout, _ in CONFIGS:
         pred = sim.predict(main, profiles[want[name]], cluster, n, layout)
@@ -244,6 +248,7 @@ def one_round(args, main, startup, loss, k):
               f"other processes {_cores(foreign)}", flush=True)
     return {"round": k + 1, "loadavg": load, "seconds": time.perf_counter() - t0,
             "cluster": cluster.to_dict(), "host": host, "local_sum": local, "gloo": gloo,
+            "gloo_burst": burst,
             "profile_device_ms": {t: p.total_device_s() * 1e3 for t, p in profiles.items()},
             "rows": rows}
 

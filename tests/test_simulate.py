@@ -312,8 +312,23 @@ def test_calibration_fits():
     alpha, bw = _fit_local(sums)
     assert alpha == pytest.approx(2 * US) and bw == pytest.approx(8e9)
     host = dict(op_s=3 * US, gil_fraction=0.9, hop_s=30 * US, step_s=30 * US,
-                readable_extra_s=0.5 * US, cores=1.8)
-    c = cpu_cluster(host, sums, line, name="here")
+                readable_extra_s=0.5 * US, speedup={1: 1.0, 2: 1.7})
+    c = cpu_cluster(host, sums, line, cores=2, name="here",
+                    burst=(1 << 14, (40 * US, 25 * US)))
     assert c.host.cores == 2 and c.device.kind == "cpu" and c.local_sum == (alpha, bw)
+    assert c.host.parallel_efficiency == pytest.approx(0.85)
     assert c.intra.latency == pytest.approx(25 * US, rel=0.01)  # a 2-rank ring: 2α + S/B
+    # a blocking 16 KiB all-reduce takes ~58 us, one in a burst 25 us: 2 in flight
+    assert c.comm_channels == 2 and c.collective_issue_s == 40 * US
     assert Cluster.from_dict(c.to_dict()) == c
+
+
+def test_cores_running_side_by_side_slow_each_other():
+    _, graph, profile = _diamond()
+    fast = simulate_step(graph, profile, _cpu(cores=2), compiled=False, threads=4)
+    _, graph, _ = _diamond()
+    slow = simulate_step(graph, profile, _cpu(cores=2, parallel_efficiency=0.5),
+                         compiled=False, threads=4)
+    # relu (30 us) starts while scale runs on the other core: at half speed it takes 60
+    assert fast.step_s == pytest.approx(36 * US)
+    assert slow.step_s == pytest.approx(60 * US + 5 * US + 1 * US)

@@ -15,15 +15,19 @@ small program of its own, never the program being predicted:
 * ``hop_s``: the scheduler's hand-off latency: a chain whose every link is queued to
   another worker (``runtime.scheduler.Scheduler`` with no-op functions);
 * ``step_s``: ``ParallelExecutor.run`` of a one-op program on one place, less the op;
-* ``cores``: how many cores this process gets now: ``k`` threads each running a
-  kernel that releases the GIL (a 1-thread matrix product) side by side, against one
-  alone; on a machine shared with other jobs this is less than ``os.cpu_count()``;
+* ``parallel_efficiency``: ``k`` threads each running a 1-thread convolution (GIL
+  released) side by side, against one alone, for ``k`` up to the cores: shared
+  caches, memory bandwidth or hyper-threads make all cores busy give less than
+  ``cores`` times one (``Host.parallel_efficiency`` is that ratio over ``cores``);
 * ``local_sum``: ``LocalCollective.all_reduce`` over 2 and 4 places for a sweep of
   sizes, least squares of ``(P-1)·(α + S/B)``.
 
 ``gloo_sweep`` (run in every process of a 2-process gloo group) times blocking
 all-reduces for a sweep of sizes; ``fit_latency_bandwidth`` turns it into the
 intra-node ``Link`` of the CPU cluster: a 2-rank ring costs ``2α + S/B``.
+``gloo_burst`` times a burst of asynchronous all-reduces, as the executor issues them:
+the host time of one call (``Cluster.collective_issue_s``) and how many progress at
+once (``Cluster.comm_channels``).
 """
 
 import os
@@ -36,7 +40,8 @@ import torch
 
 from .cluster import Cluster, Device, Host, Link
 
-__all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "fit_latency_bandwidth", "effective_cores", "cpu_cluster", "calibrate_cpu", "cpu_name"]
+__all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "gloo_burst",
+           "fit_latency_bandwidth", "parallel_speedup", "cpu_cluster", "calibrate_cpu", "cpu_name"]
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 
@@ -124,45 +129,48 @@ def _hop_latency(links=300, repeats=5):
     return statistics.median(per_link)
 
 
-def effective_cores(max_cores=None, seconds=0.2):
-    """Cores available to this process now (>= 1): the throughput of ``k`` threads
-    running GIL-free kernels side by side over one thread's, best ``k``."""
+def parallel_speedup(max_cores=None, seconds=0.25):
+    """``{k: throughput of k threads / one thread's}`` for ``k`` = 1 .. cores, each thread
+    running a 1-thread convolution (GIL released) side by side: what cores shared
+    caches, memory bandwidth or hyper-threads give when all are busy."""
+    import torch.nn.functional as F
+
     from ..place import available_cores
     max_cores = max_cores or available_cores()
-    a, b = torch.randn(192, 192), torch.randn(192, 192)
+    x, w = torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3)
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
 
     def rate(k):
         counts = [0] * k
-        stop = time.perf_counter() + seconds
-        barrier = threading.Barrier(k)
+        barrier = threading.Barrier(k + 1)
+        window = [0.0]
 
         def work(i):
             barrier.wait()
-            while time.perf_counter() < stop:
-                torch.mm(a, b)
+            while time.perf_counter() < window[0]:
+                F.conv2d(x, w, padding=1)
                 counts[i] += 1
         ts = [threading.Thread(target=work, args=(i,)) for i in range(k)]
         for t in ts:
             t.start()
+        window[0] = time.perf_counter() + seconds
+        barrier.wait()
         for t in ts:
             t.join()
         return sum(counts)
     try:
         rate(1)
         one = statistics.median(rate(1) for _ in range(3))
-        best = 1.0
-        for k in range(2, max_cores + 1):
-            best = max(best, statistics.median(rate(k) for _ in range(3)) / one)
-        return min(float(max_cores), best)
+        return {k: (statistics.median(rate(k) for _ in range(3)) / one if k > 1 else 1.0)
+                for k in range(1, max_cores + 1)}
     finally:
         torch.set_num_threads(prev)
 
 
 def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
     """Measure ``op_s``, ``readable_extra_s``, ``gil_fraction``, ``hop_s``, ``step_s`` with
-    one torch thread, and ``cores``; returns a dict (see the module docstring)."""
+    one torch thread, and the ``speedup`` of k cores; returns a dict (module docstring)."""
     from ..trace import OpTimer
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -194,7 +202,7 @@ def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
         gil = min(1.0, ratio / 2) if ratio > 1.05 else default_gil
         return {"op_s": op_s, "readable_extra_s": max(0.0, per_op_readable - op_s),
                 "gil_fraction": gil, "two_thread_ratio": ratio, "hop_s": _hop_latency(),
-                "step_s": step_s, "cores": effective_cores()}
+                "step_s": step_s, "speedup": parallel_speedup()}
     finally:
         torch.set_num_threads(prev)
 
@@ -273,6 +281,26 @@ def gloo_sweep(sizes=SIZES, repeats=15):
     return out
 
 
+def gloo_burst(nbytes=1 << 14, count=32, repeats=5):
+    """``(issue seconds per call, seconds per all-reduce)`` of ``count`` asynchronous
+    all-reduces of ``nbytes`` issued back to back and then waited for, as the executor's
+    ``async_allreduce`` does (call it in every process of the group)."""
+    import torch.distributed as dist
+    ts = [torch.randn(max(1, nbytes // 4)) for _ in range(count)]
+    issue, total = [], []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        t1 = time.perf_counter()
+        for w in works:
+            w.wait()
+        t2 = time.perf_counter()
+        issue.append((t1 - t0) / count)
+        total.append((t2 - t0) / count)
+    return statistics.median(issue[1:]), statistics.median(total[1:])
+
+
 def fit_latency_bandwidth(points, small=1 << 14):
     """``(intercept, slope)`` of time against bytes, robust to a noisy point: the
     intercept from the median of the small sizes (latency-bound), the slope from them
@@ -300,18 +328,28 @@ def _fit_local(sweep):
     return max(alpha, 0.0), 1.0 / max(inv_bw, 1e-15)
 
 
-def cpu_cluster(host, local, gloo=None, cores=None, name=None):
+def cpu_cluster(host, local, gloo=None, cores=None, name=None, burst=None):
     """A ``Cluster`` of CPU places on this machine from measured parts.
 
     ``host``: ``calibrate_host()``; ``local``: ``local_sum_sweep()``; ``gloo``:
-    ``gloo_sweep()`` of 2 processes (None: the local sum's figures stand in).
+    ``gloo_sweep()`` of 2 processes (None: the local sum's figures stand in);
+    ``burst``: ``(bytes, gloo_burst())``: the host time to issue one collective, and
+    how many are in flight at once (the blocking time of that size over the time per
+    all-reduce in a burst).
     """
     from ..place import available_cores
-    cores = cores or max(1, round(host.get("cores") or available_cores()))
+    cores = cores or available_cores()
+    speedup = host.get("speedup") or {}
+    efficiency = min(1.0, speedup.get(cores, speedup.get(str(cores), cores)) / cores)
     alpha_l, bw_l = _fit_local(local)
+    issue, channels = 0.0, 2
     if gloo:
         a, b = fit_latency_bandwidth(gloo)
         link = Link(1.0 / max(b, 1e-15), max(a, 0.0) / 2)  # 2 ranks: 2α + S/B
+        if burst is not None:
+            size, (issue, per_call) = burst
+            blocking = a + b * size
+            channels = max(1, round(blocking / max(per_call, 1e-9)))
     else:
         link = Link(bw_l, alpha_l)
     return Cluster(
@@ -319,14 +357,14 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None):
         Device("cpu", cpu_name()),
         Host(cores=cores, op_s=host["op_s"], gil_fraction=host["gil_fraction"],
              hop_s=host["hop_s"], step_s=host["step_s"], graph_launch_s=0.0,
-             readable_extra_s=host["readable_extra_s"]),
-        intra=link, inter=link, collective_launch=0.0, comm_channels=2,
-        local_sum=(alpha_l, bw_l),
+             readable_extra_s=host["readable_extra_s"], parallel_efficiency=efficiency),
+        intra=link, inter=link, collective_launch=0.0, comm_channels=channels,
+        collective_issue_s=issue, local_sum=(alpha_l, bw_l),
         description=f"this machine: {cores} cores of {cpu_name()}; CPU places; processes "
                     "joined by gloo over loopback",
         sources=("calibrated by ssaexec.sim.calibrate on this machine",
-                 "gloo runs 2 worker threads per process group (torch's "
-                 "ProcessGroupGloo default): 2 collectives in flight"))
+                 "collectives in flight: a burst of asynchronous gloo all-reduces against "
+                 "one blocking one (ProcessGroupGloo runs 2 worker threads by default)"))
 
 
 def calibrate_cpu(gloo=None):

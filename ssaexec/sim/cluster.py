@@ -68,6 +68,8 @@ class Host:
     ``readable_extra_s``: what the readable per-op path (``ssaexec trace``) adds to
     each op's time, subtracted from traced CPU op times. ``node_s``: the scheduler's
     bookkeeping per scheduled node (a lock and the successors' counts, GIL held).
+    ``parallel_efficiency``: with every core running a kernel, each runs at this share
+    of its speed alone (shared caches and memory bandwidth; linear in between).
     """
 
     cores: int = 64
@@ -78,6 +80,7 @@ class Host:
     graph_launch_s: float = 10e-6
     readable_extra_s: float = 8e-6
     node_s: float = 1e-6
+    parallel_efficiency: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,9 @@ class Cluster:
 
     ``collective_launch``: fixed seconds per collective call (NCCL's base latency).
     ``comm_channels``: collectives one process runs at once (NCCL: one
-    communication stream; gloo: its worker threads). ``local_sum``: (α, bytes/s)
+    communication stream; gloo: its worker threads). ``collective_issue_s``: host
+    seconds to start one cross-process collective beyond an op's launch (a gloo
+    call's bookkeeping; measured for CPU clusters). ``local_sum``: (α, bytes/s)
     of the in-process host-side collective of CPU places (``LocalCollective``:
     ``(P-1) · (α + S/B)`` for ``P`` places), None where collectives are NCCL's.
     ``sources``: where the figures come from.
@@ -100,6 +105,7 @@ class Cluster:
     inter: Link
     collective_launch: float = 0.0
     comm_channels: int = 1
+    collective_issue_s: float = 0.0
     local_sum: tuple = None
     description: str = ""
     sources: tuple = field(default=())

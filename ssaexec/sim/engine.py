@@ -168,6 +168,13 @@ def _node_graph(graph, compiled, noop_collectives):
     return nodes
 
 
+def _core_speed(host, busy):
+    """Speed of one core, relative to alone, while ``busy`` cores run kernels."""
+    if host.cores <= 1 or busy <= 1:
+        return 1.0
+    return 1.0 - (1.0 - host.parallel_efficiency) * (min(busy, host.cores) - 1) / (host.cores - 1)
+
+
 def _fusion(handles):
     """(index of the last member -> group, indices to skip): the optimizer ops of one
     segment the compiled path fuses (one coll, one learning rate, same attributes)."""
@@ -233,6 +240,9 @@ class _Replay:
         self.cores = [_Slot() for _ in range(cores)]
         torch_threads = max(1, cores // self.P)
         self.kernel_cores = min(cores, profile.threads or torch_threads)
+        # the profile ran its kernels on kernel_cores cores of an idle machine; the other
+        # processes of the node keep as many of its cores busy as this one does
+        self.alone = _core_speed(cluster.host, self.kernel_cores)
         if not self.gpu and profile.threads and profile.threads != torch_threads:
             self.notes.append(f"profile taken with {profile.threads} torch threads; the "
                               f"executor would use {torch_threads} per place here")
@@ -332,10 +342,13 @@ class _Replay:
         """A CPU place's kernel: ``ncores`` cores for ``seconds`` on the calling thread."""
         if seconds <= 0:
             return self.now
-        seconds *= self.slowdown
         k = ncores or self.kernel_cores
         chosen = sorted(self.cores, key=lambda c: c.free)[:k]
         start, prev = _latest([(self.now, thread.last)] + [(c.free, c.last) for c in chosen])
+        # cores running side by side slow each other (shared caches, memory bandwidth)
+        busy = k + sum(1 for c in self.cores if c not in chosen and c.free > start)
+        busy = min(self.host.cores, busy * self.procs_per_node)
+        seconds *= self.slowdown * self.alone / _core_speed(self.host, busy)
         a = self.act(start, start + seconds, "device", label, prev)
         for c in chosen:
             c.free, c.last = a.end, a
@@ -430,7 +443,8 @@ class _Replay:
         local = self.local_time(coll, nbytes)
         cross = self.procs > 1
         if self.gpu:
-            t = self.host_work(thread, 0.0 if self.cuda_graph else self.host.op_s * P, label)
+            launch = self.host.op_s * P + (self.cluster.collective_issue_s if cross else 0.0)
+            t = self.host_work(thread, 0.0 if self.cuda_graph else launch, label)
             work = local
             if cross and coll == "all_reduce":  # local reduce, processes, local broadcast
                 work += self.net_time("all_reduce", nbytes, self.procs, self.proc_cluster)
@@ -459,7 +473,7 @@ class _Replay:
             t = self.cpu_kernel(thread, local - host, label, ncores=1)
             yield t
         if cross:
-            t = self.host_work(thread, self.host.op_s, label)
+            t = self.host_work(thread, self.host.op_s + self.cluster.collective_issue_s, label)
             yield t
             net = self.net_time(coll, nbytes, self.procs, self.proc_cluster)
             ch = min(self.channels, key=lambda c: c.free)
