@@ -272,3 +272,52 @@ def test_dict_without_loss_and_output_that_picks_nothing():
     with pytest.raises(se.ProgramError, match=r"output='scores' picks nothing from the dict "
                                               r"with keys \['logits'\]"):
         from_torch(model, f, for_test=True, output="scores")
+
+
+class _SharedEmbedding(nn.Module):
+    """T5's and BART's layout: ``shared`` is registered first and read only through its
+    aliases (encoder, decoder, tied head); ``spare`` is never read."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Embedding(12, 4)
+        self.enc, self.dec = nn.Embedding(12, 4), nn.Embedding(12, 4)
+        self.head = nn.Linear(4, 12, bias=False)
+        self.enc.weight = self.dec.weight = self.head.weight = self.shared.weight
+        self.spare = nn.Linear(4, 4)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.enc(ids)) + self.dec(ids.flip(1)))
+
+
+def test_parameter_names_the_forward_never_reads():
+    torch.manual_seed(0)
+    model = _SharedEmbedding().double()
+    g = torch.Generator().manual_seed(6)
+    feeds = [{"ids": torch.randint(0, 12, (4, 5), generator=g)} for _ in range(3)]
+    for f in feeds:
+        f["target"] = torch.randint(0, 12, (4, 5), generator=g)
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, 12), target.reshape(-1))
+
+    main, startup, loss = from_torch(model, feeds[0], loss_fn=loss_fn,
+                                     optimizer=se.optimizer.SGD(LR))
+    block = main.global_block()
+    assert [p.name for p in main.all_parameters()] == ["shared.weight", "spare.weight",
+                                                       "spare.bias"]
+    assert block.has_var("shared.weight@GRAD") and not block.has_var("spare.weight@GRAD")
+    with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope()) as pe:
+        losses = [float(pe.run([loss], feed=f)[0]) for f in feeds]
+        got = {n: pe.get_var(n) for n in ("shared.weight", "spare.weight")}
+    torch.manual_seed(0)
+    ref = _SharedEmbedding().double()
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for f, want in zip(feeds, losses, strict=True):
+        opt.zero_grad()
+        lv = loss_fn(ref(f["ids"]), f["target"])
+        lv.backward()
+        opt.step()
+        assert float(lv.detach()) == pytest.approx(want, rel=1e-9)
+    assert torch.allclose(got["shared.weight"], ref.shared.weight.detach(), rtol=1e-9)
+    assert torch.equal(got["spare.weight"], model.spare.weight.detach())  # no update

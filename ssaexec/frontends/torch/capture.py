@@ -389,22 +389,20 @@ def _export(wrapper, inputs, dims, trace_joint):
             else:
                 first[label] = fake.shape[d]
         fakes.append(fake)
-    swapped = []
+    # every (table, key) holding a parameter or buffer, with its real tensor
+    swapped = [(table, key, real) for mod in wrapper.modules()
+               for table in (mod._parameters, mod._buffers)
+               for key, real in list(table.items()) if real is not None]
+
+    def trace():
+        if trace_joint:
+            return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
+                                     decompositions=_decompositions())
+        return aot_export_module(wrapper, fakes, trace_joint=False,
+                                 decompositions=_decompositions())
+
     try:
-        fake_of = {}
-        for mod in wrapper.modules():
-            for table in (mod._parameters, mod._buffers):
-                for key, real in list(table.items()):
-                    if real is None:
-                        continue
-                    fake = fake_of.get(id(real))
-                    if fake is None:  # tied tensors stay tied
-                        fake = fake_mode.from_tensor(real, static_shapes=True)
-                        if isinstance(real, torch.nn.Parameter):
-                            fake = torch.nn.Parameter(fake, requires_grad=real.requires_grad)
-                        fake_of[id(real)] = fake
-                    swapped.append((table, key, real))
-                    table[key] = fake
+        _swap_in_fakes(swapped, fake_mode)
         # Inside the fake mode: the export re-traces its joint graph with make_fx, and factory
         # ops with symbolic sizes (an LSTM's zero state) must not reach real kernels there.
         # Under torch.export's own state (torch.compiler.is_compiling() and is_exporting()
@@ -412,11 +410,19 @@ def _export(wrapper, inputs, dims, trace_joint):
         # data-dependent shortcuts (transformers' is_tracing() skips `if (mask == 0).all()`
         # and builds the causal mask with tensor ops instead).
         with fake_mode, _export_state():
-            if trace_joint:
-                return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
-                                         decompositions=_decompositions())
-            return aot_export_module(wrapper, fakes, trace_joint=False,
-                                     decompositions=_decompositions())
+            try:
+                return trace()
+            except Exception as e:  # noqa: BLE001 - one kind is retried, the rest re-raised
+                if not (trace_joint and _no_gradient(e)):
+                    raise
+            # A parameter name the forward never reads (an unused layer, or the first name
+            # of a tied embedding that only its aliases read: T5's and BART's `shared`) gets
+            # no gradient, which the joint export refuses. Find those names with a fake
+            # forward and backward, and trace again with them frozen, each name its own fake
+            # (the lowering sums a tied parameter's parts).
+            _swap_in_fakes(swapped, fake_mode, frozen=_unread(wrapper, fakes, swapped,
+                                                              fake_mode))
+            return trace()
     except ProgramError:
         raise
     except Exception as e:  # noqa: BLE001 - every capture failure becomes a ProgramError
@@ -424,6 +430,48 @@ def _export(wrapper, inputs, dims, trace_joint):
     finally:
         for table, key, real in reversed(swapped):
             table[key] = real
+
+
+def _swap_in_fakes(entries, fake_mode, frozen=None):
+    """Put a fake of each ``(table, key, real)`` in ``table[key]``.
+
+    ``frozen=None``: tied tensors (one object under several names) get one fake, so
+    they stay tied. Else every entry gets its own fake, a parameter requiring grad
+    unless ``(id(table), key)`` is in ``frozen``.
+    """
+    fake_of = {}
+    for table, key, real in entries:
+        fake = fake_of.get(id(real)) if frozen is None else None
+        if fake is None:
+            fake = fake_mode.from_tensor(real, static_shapes=True)
+            if isinstance(real, torch.nn.Parameter):
+                grad = real.requires_grad and (frozen is None or (id(table), key) not in frozen)
+                fake = torch.nn.Parameter(fake, requires_grad=grad)
+            fake_of[id(real)] = fake
+        table[key] = fake
+
+
+def _no_gradient(exc):
+    e, seen = exc, []
+    while e is not None and e not in seen:
+        if "did not receive a gradient" in str(e):
+            return True
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _unread(wrapper, fakes, entries, fake_mode):
+    """``{(id(table), key)}`` of the trainable parameter names whose fake gets no gradient
+    from a fake run of the forward and backward (each name its own fake)."""
+    _swap_in_fakes(entries, fake_mode, frozen=set())
+    trainable = [(table, key) for table, key, _ in entries
+                 if isinstance(table[key], torch.nn.Parameter) and table[key].requires_grad]
+    loss = wrapper(*fakes)[0]
+    grads = torch.autograd.grad(loss, [table[key] for table, key in trainable],
+                                allow_unused=True)
+    return {(id(table), key) for (table, key), g in zip(trainable, grads, strict=True)
+            if g is None}
 
 
 def _export_state():
