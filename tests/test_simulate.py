@@ -321,6 +321,10 @@ def test_calibration_fits():
     # a blocking 16 KiB all-reduce takes ~58 us, one in a burst 25 us: 2 in flight
     assert c.comm_channels == 2 and c.collective_issue_s == 40 * US
     assert Cluster.from_dict(c.to_dict()) == c
+    # a burst slower than one at a time: one in flight, each taking its burst time
+    c = cpu_cluster(host, sums, line, cores=2, burst=(1 << 14, (40 * US, 200 * US)))
+    assert c.comm_channels == 1
+    assert sim.collective_time(c, "all_reduce", 1 << 14, 2)[0] == pytest.approx(200 * US)
 
 
 def test_cores_running_side_by_side_slow_each_other():

@@ -335,7 +335,9 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None, burst=None):
     ``gloo_sweep()`` of 2 processes (None: the local sum's figures stand in);
     ``burst``: ``(bytes, gloo_burst())``: the host time to issue one collective, and
     how many are in flight at once (the blocking time of that size over the time per
-    all-reduce in a burst).
+    all-reduce in a burst; when a burst is slower than one at a time, one is in flight
+    and the latency is what makes an all-reduce of that size take its time in the
+    burst).
     """
     from ..place import available_cores
     cores = cores or available_cores()
@@ -347,9 +349,13 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None, burst=None):
         a, b = fit_latency_bandwidth(gloo)
         link = Link(1.0 / max(b, 1e-15), max(a, 0.0) / 2)  # 2 ranks: 2α + S/B
         if burst is not None:
+            # in a burst, all-reduces overlap (several in flight) or queue behind each
+            # other; a queued one occupies the process group for its time in the burst
             size, (issue, per_call) = burst
             blocking = a + b * size
             channels = max(1, round(blocking / max(per_call, 1e-9)))
+            if per_call > blocking:
+                link = Link(link.bandwidth, max(0.0, per_call - b * size) / 2)
     else:
         link = Link(bw_l, alpha_l)
     return Cluster(
