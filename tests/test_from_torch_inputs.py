@@ -321,3 +321,36 @@ def test_parameter_names_the_forward_never_reads():
         assert float(lv.detach()) == pytest.approx(want, rel=1e-9)
     assert torch.allclose(got["shared.weight"], ref.shared.weight.detach(), rtol=1e-9)
     assert torch.equal(got["spare.weight"], model.spare.weight.detach())  # no update
+
+
+@torch.library.custom_op("ssaexec_test::export_only", mutates_args=())
+def _export_only(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@_export_only.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_export_only.register_autograd(lambda ctx, grad: grad)
+
+
+class _ExportBranch(nn.Module):
+    """Like Mixtral's experts: a custom op on the export branch only."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.experts(x)
+        return _export_only(h) if torch.compiler.is_exporting() else h + 1
+
+
+def test_error_location_follows_the_export_branch():
+    model = nn.Sequential(nn.Linear(4, 4), _ExportBranch())
+    x = torch.randn(4, 4)
+    with pytest.raises(se.ProgramError, match=r"ssaexec_test.export_only.default .* in module "
+                                              r"'1' \(_ExportBranch\)"):
+        from_torch(model, {"input": x, "target": x}, loss_fn=F.mse_loss)

@@ -55,7 +55,8 @@ from ...dtypes import DTYPES
 from ...errors import ProgramError
 from .locate import capture_error, locate_mutation
 
-__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "BATCH", "RENAMES", "ASSERTS", "check_inputs",
+__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "BATCH", "RENAMES", "ASSERTS", "export_state",
+           "check_inputs",
            "symbolic_dims", "select_output", "capture_joint", "capture_forward", "op_type",
            "strip_wrapped"]
 
@@ -78,6 +79,26 @@ ASSERTS = frozenset({"aten._assert_scalar.default", "aten._assert_tensor_metadat
 def strip_wrapped(name):
     """A wrapper state name without the ``module.`` prefix (the module's own name)."""
     return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+
+
+def export_state():
+    """The state a non-strict ``torch.export`` traces in (``is_compiling()`` and
+    ``is_exporting()`` true), as a context manager."""
+    try:
+        from torch._export.utils import _compiling_state_context
+    except ImportError:  # older torch: the flags, set the way that context sets them
+        return _flags_state()
+    return _compiling_state_context()
+
+
+@contextlib.contextmanager
+def _flags_state():
+    old = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
+    try:
+        torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = True
+        yield
+    finally:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = old
 
 
 def check_inputs(module, example_inputs, loss_fn, unbatched):
@@ -209,6 +230,10 @@ class LossWrapper(torch.nn.Module):
     forward's result the loss is or ``loss_fn`` reads (``select_output``).
     """
 
+    # the state the capture traces in; locate's eager re-run of the forward uses it too,
+    # so model code takes the same branches there
+    trace_state = staticmethod(export_state)
+
     def __init__(self, module, names, loss_fn, output=None):
         super().__init__()
         self.module = module
@@ -253,6 +278,8 @@ class ForwardWrapper(torch.nn.Module):
     ``around(m)`` (the error path's eager re-run, on a copy) puts the copy in eval
     mode, as the capture saw the module.
     """
+
+    trace_state = staticmethod(export_state)
 
     def __init__(self, module, names, output=None):
         super().__init__()
@@ -409,7 +436,7 @@ def _export(wrapper, inputs, dims, trace_joint):
         # are true, as in a non-strict torch.export): libraries ask for it before
         # data-dependent shortcuts (transformers' is_tracing() skips `if (mask == 0).all()`
         # and builds the causal mask with tensor ops instead).
-        with fake_mode, _export_state():
+        with fake_mode, export_state():
             try:
                 return trace()
             except Exception as e:  # noqa: BLE001 - one kind is retried, the rest re-raised
@@ -472,26 +499,6 @@ def _unread(wrapper, fakes, entries, fake_mode):
                                 allow_unused=True)
     return {(id(table), key) for (table, key), g in zip(trainable, grads, strict=True)
             if g is None}
-
-
-def _export_state():
-    """The state a non-strict ``torch.export`` traces in (``is_compiling()`` and
-    ``is_exporting()`` true), as a context manager."""
-    try:
-        from torch._export.utils import _compiling_state_context
-    except ImportError:  # older torch: the flags, set the way that context sets them
-        return _flags_state()
-    return _compiling_state_context()
-
-
-@contextlib.contextmanager
-def _flags_state():
-    old = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
-    try:
-        torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = True
-        yield
-    finally:
-        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = old
 
 
 _DECOMPOSITIONS = None

@@ -20,12 +20,15 @@ Policy and invariants:
   ``module path unknown``, and an exception of the eager re-run is swallowed
   (the capture's error is the one to report);
 * the user's module and inputs are never changed: ``locate`` runs a deep copy on
-  copies of the inputs, under a dispatch mode with forward hooks on the copy;
+  copies of the inputs, under a dispatch mode with forward hooks on the copy, in the
+  wrapper's ``trace_state`` (the capture's: ``torch.compiler.is_exporting()``), so
+  model code takes the branches it took when traced;
 * this module imports nothing else of the importer: ``wrapper`` is the capture's
   ``LossWrapper`` (``wrapper.module`` is the user's module, ``wrapper.around(m)``
   the same loss around module ``m``).
 """
 
+import contextlib
 import copy
 import os
 import traceback
@@ -132,8 +135,9 @@ def locate(wrapper, inputs, hit, fresh_inputs=True):
     handles = [m.register_forward_pre_hook(pre) for m in clone.modules()]
     handles += [m.register_forward_hook(post) for m in clone.modules()]
     w = wrapper.around(clone)
+    state = getattr(wrapper, "trace_state", contextlib.nullcontext)
     try:
-        with Mode():
+        with state(), Mode():  # as traced: model code takes the capture's branches
             w(*inputs.values())
     except Exception:  # noqa: BLE001 - the capture error is the one to report
         pass
