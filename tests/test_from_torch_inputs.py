@@ -242,6 +242,8 @@ def _ids(*shape):
     (_TwoLengths(), {"a": _ids(3, 5), "b": _ids(3, 4)},
      dict(dynamic={"a": {1: "n"}, "b": {1: "n"}}),
      r"dimension 1 of 'a' and dimension 1 of 'b' are both 'n' but have sizes 5 and 4"),
+    (_TwoLengths(), {"a": _ids(3, 5), "b": _ids(15)}, {},
+     r"'a' and dimension 0 of 'b' are both the batch but have sizes 3 and 15 .*unbatched="),
     (_FixesSeq(), {"ids": _ids(3, 6)}, dict(dynamic={"x": {1: "seq"}}),
      r"names input 'x', which is not an example input"),
     (_FixesSeq(), {"ids": _ids(3, 6)}, dict(dynamic={"ids": {2: "seq"}}),
@@ -354,3 +356,4 @@ def test_error_location_follows_the_export_branch():
     with pytest.raises(se.ProgramError, match=r"ssaexec_test.export_only.default .* in module "
                                               r"'1' \(_ExportBranch\)"):
         from_torch(model, {"input": x, "target": x}, loss_fn=F.mse_loss)
+

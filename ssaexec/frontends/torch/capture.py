@@ -184,10 +184,13 @@ def symbolic_dims(inputs, batched, dynamic):
             seen = sizes.setdefault(label, (name, d, size))
             if seen[2] != size:
                 what = "the batch" if label == BATCH else repr(label)
+                hint = ("; every input not named in unbatched= is split along dimension 0 "
+                        "into the places' shares, so all hold one number of samples"
+                        if label == BATCH else "")
                 raise ProgramError(
                     f"from_torch: dimension {seen[1]} of {seen[0]!r} and dimension {d} of "
                     f"{name!r} are both {what} but have sizes {seen[2]} and {size} in the "
-                    "example inputs")
+                    f"example inputs{hint}")
     return dims
 
 
