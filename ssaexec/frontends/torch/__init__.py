@@ -9,11 +9,13 @@ and, for evaluation and back to PyTorch:
     test, test_startup, out = se.from_torch(model, {"x": x}, for_test=True)
     se.frontends.torch.write_back(pe, model)     # trained weights and statistics
 
-Three steps, one module each:
+The steps, one module each:
 
 * ``capture``: torch's own machinery (AOTAutograd's joint export) traces the
   forward *and* the backward into one functional ATen graph on fake tensors; the
   only module that touches torch's private APIs;
+* ``decompose``: which ATen ops that trace decomposes (those the operator policy
+  refuses, and a few whose fake kernels would fix the batch), and as what;
 * ``lower``: every ATen call of that graph becomes an op ``aten.<name>.<overload>``
   run by the generic kernel of ``ssaexec.ops.aten``, built into ``main`` and
   ``startup`` through the ``BlockDesc`` API; the rest of ssaexec sees an ordinary

@@ -10,8 +10,9 @@ mode (``module.eval()`` for the trace, its flags restored after), forward only
 
 Policy:
 
-* torch's private capture API sits in this module (``torch._functorch``,
-  ``torch._subclasses``, a module's ``_parameters`` and ``_buffers`` tables, an
+* torch's private capture API sits in this module and ``decompose`` (``torch._functorch``,
+  ``torch._subclasses``, ``torch._export.utils._compiling_state_context``,
+  ``torch._decomp``, a module's ``_parameters`` and ``_buffers`` tables, an
   overload's ``_schema`` and ``_overloadname``), so a new torch version is
   adapted here (tested with torch 2.13 and 2.14, see docs/torch_frontend.md).
   The only other private names the importer reads are on the error path
@@ -22,9 +23,8 @@ Policy:
   ``is_exporting()`` are true while tracing, so libraries that ask (``transformers``'
   ``is_tracing()``) take their traceable branches instead of data-dependent
   shortcuts; nothing in them is patched.
-* Ops the operator policy refuses are traced as torch's core ATen decompositions;
-  ``F.pad`` and contiguous ``as_strided`` replays as functional ops whose fake
-  kernels keep the batch symbolic (``_decompositions``).
+* The trace decomposes what ``decompose.decompositions()`` lists: the ops the
+  operator policy refuses, and a few whose fake kernels would fix the batch.
 * ``output`` picks the loss (or what ``loss_fn`` reads, or the evaluation result)
   from the forward's result; a ``dict`` / ``ModelOutput`` without ``loss_fn`` gives
   its ``"loss"`` (``select_output``).
@@ -53,10 +53,10 @@ import torch
 
 from ...dtypes import DTYPES
 from ...errors import ProgramError
+from .decompose import decompositions
 from .locate import capture_error, locate_mutation
 
-__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "BATCH", "RENAMES", "ASSERTS", "export_state",
-           "check_inputs",
+__all__ = ["LossWrapper", "ForwardWrapper", "Joint", "BATCH", "export_state", "check_inputs",
            "symbolic_dims", "select_output", "capture_joint", "capture_forward", "op_type",
            "strip_wrapped"]
 
@@ -67,13 +67,6 @@ BATCH = "@batch"
 # LossWrapper holds the user's module as ``module``, so its state names start so
 _PREFIX = "module."
 _SEEDS = frozenset({"aten.ones_like.default", "aten.full_like.default"})
-# ops the lowering drops or turns into renames (it never emits them), so never decomposed
-RENAMES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
-                     "aten.lift_fresh_copy.default"})
-ASSERTS = frozenset({"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
-                     "aten.sym_constrain_range_for_size.default",
-                     "aten.sym_constrain_range.default", "aten._assert_async.msg",
-                     "aten._assert_async.default"})
 
 
 def strip_wrapped(name):
@@ -427,9 +420,9 @@ def _export(wrapper, inputs, dims, trace_joint):
     def trace():
         if trace_joint:
             return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
-                                     decompositions=_decompositions())
+                                     decompositions=decompositions())
         return aot_export_module(wrapper, fakes, trace_joint=False,
-                                 decompositions=_decompositions())
+                                 decompositions=decompositions())
 
     try:
         _swap_in_fakes(swapped, fake_mode)
@@ -502,126 +495,6 @@ def _unread(wrapper, fakes, entries, fake_mode):
                                 allow_unused=True)
     return {(id(table), key) for (table, key), g in zip(trainable, grads, strict=True)
             if g is None}
-
-
-_DECOMPOSITIONS = None
-
-
-def _constant_pad_nd(x, pad, value=0):
-    # F.pad: torch 2.13's C++ kernel, run on a fake tensor whose batch is a symbol (the
-    # joint graph's re-trace), reads storage_offset() and so fixes the batch size (a conv
-    # then a pad: MobileNetV2, Swin). The same values from slices and a cat of filled
-    # blocks, functional ops whose fake kernels keep sizes symbolic.
-    aten = torch.ops.aten
-    for k in range(len(pad) // 2):
-        dim = x.dim() - 1 - k
-        lo, hi = pad[2 * k], pad[2 * k + 1]
-        if lo < 0 or hi < 0:
-            size = x.shape[dim]
-            x = aten.slice.Tensor(x, dim, max(-lo, 0), size + min(hi, 0))
-        parts = []
-        for width, where in ((lo, 0), (hi, 1)):
-            if width > 0:
-                shape = list(x.shape)
-                shape[dim] = width
-                parts.append((where, aten.full.default(shape, value, dtype=x.dtype,
-                                                       layout=x.layout, device=x.device,
-                                                       pin_memory=False)))
-        if parts:
-            x = aten.cat.default([p for w, p in parts if w == 0] + [x]
-                                 + [p for w, p in parts if w == 1], dim)
-    return x
-
-
-def _window(x, size, stride, offset):
-    """``(x flattened, start, numel)`` when ``as_strided(x, size, stride, offset)`` reads a
-    contiguous run of the elements of contiguous ``x`` in order (a reshape of a slice),
-    else None."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
-
-    def contiguous(sizes, strides):
-        expect = 1
-        for n, st in reversed(list(zip(sizes, strides, strict=True))):
-            if not known(n == 1) and not known(st == expect):
-                return None
-            expect = expect * n
-        return expect
-
-    if contiguous(x.shape, x.stride()) is None:
-        return None
-    numel = contiguous(size, stride)
-    if numel is None:
-        return None
-    start = 0 if offset is None else offset - x.storage_offset()
-    if not (known(start >= 0) and known(start + numel <= x.numel())):
-        return None
-    return torch.ops.aten.view.default(x, [x.numel()]), start, numel
-
-
-def _as_strided(x, size, stride, storage_offset=None):
-    # as_strided reads raw storage (refused by the operator policy), but the graph has it
-    # where functionalisation replays a layout change (adaptive_avg_pool2d's as_strided_ to
-    # channels-last strides of a [n, c, 1, 1] mean: Swin's pooler): a reshape of a slice
-    # of a contiguous tensor says the same. Anything else stays as_strided (refused).
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
-    w = _window(x, size, stride, storage_offset)
-    if w is None:
-        return NotImplemented
-    aten = torch.ops.aten
-    flat, start, numel = w
-    if not (known(start == 0) and known(numel == x.numel())):
-        flat = aten.slice.Tensor(flat, 0, start, start + numel)
-    return aten.view.default(flat, list(size))
-
-
-def _as_strided_scatter(base, src, size, stride, storage_offset=None):
-    # the backward of the as_strided above: src written into that run of base's elements
-    w = _window(base, size, stride, storage_offset)
-    if w is None:
-        return NotImplemented
-    aten = torch.ops.aten
-    flat, start, numel = w
-    values = aten.clone.default(src, memory_format=torch.contiguous_format)
-    values = aten.view.default(values, [numel])
-    out = aten.slice_scatter.default(flat, values, 0, start, start + numel)
-    return aten.view.default(out, list(base.shape))
-
-
-_SYMBOLIC_SAFE = {torch.ops.aten.constant_pad_nd.default: _constant_pad_nd,
-                  torch.ops.aten.as_strided.default: _as_strided,
-                  torch.ops.aten.as_strided_scatter.default: _as_strided_scatter}
-
-
-def _decompositions():
-    """The decompositions the capture traces with.
-
-    The capture keeps ops whole where it can (a fused backward kernel is faster
-    than its pieces); an op outside the allowlist (``ssaexec.ops.policy``) that
-    torch knows how to decompose (``new_ones``, ``_scaled_dot_product_*`` variants
-    ...) is traced as torch's decomposition instead, recursively, so programs name
-    only allowed operators without growing the allowlist for every model
-    (``core_aten_decompositions``, what ``torch.export`` lowers to core ATen with). Ops
-    whose fake kernel would fix a symbolic size are traced as ours
-    (``_SYMBOLIC_SAFE``).
-    """
-    global _DECOMPOSITIONS
-    if _DECOMPOSITIONS is None:
-        # the table torch.export's run_decompositions() lowers to core ATen with (torch's
-        # plain decomposition_table has refs that emit prims, e.g. where.ScalarOther)
-        from torch._decomp import core_aten_decompositions
-
-        from ...ops.policy import is_allowed
-        table = {}
-        for op, fn in core_aten_decompositions().items():
-            name = getattr(op, "_schema", None)
-            if name is None or getattr(op, "namespace", None) != "aten":
-                continue
-            t = f"aten.{name.name.split('::')[-1]}.{op._overloadname}"
-            if t not in RENAMES and t not in ASSERTS and not is_allowed(t):
-                table[op] = fn
-        table.update(_SYMBOLIC_SAFE)
-        _DECOMPOSITIONS = table
-    return _DECOMPOSITIONS
 
 
 def _joint(module, wrapper, gm, sig, inputs, dims):

@@ -53,9 +53,9 @@ from ...dtypes import DTYPES, dtype_name
 from ...errors import ProgramError
 from ...ops.aten import SYM_ATTR, arg_kinds, encode_bytes, parse_size_expr
 from ...program.desc import EMPTY_VAR, grad_var_name
-from .capture import ASSERTS as _ASSERTS
-from .capture import RENAMES as _RENAMES
 from .capture import op_type, strip_wrapped
+from .decompose import ASSERTS as _ASSERTS
+from .decompose import RENAMES as _RENAMES
 from .locate import UNKNOWN, locate_call, written_args
 
 __all__ = ["LOSS_NAME", "OUTPUT_NAME", "Lowering"]
