@@ -135,6 +135,10 @@ def test_hand_offs_and_cores_are_charged():
     r = simulate_step(graph, profile, _cpu(hop_s=50 * US), compiled=False, threads=4)
     assert r.step_s == pytest.approx(50 * US + 30 * US + 6 * US)
     assert "hop" in r.critical_summary()
+    # waking the worker needs a core: on one core it waits for scale (10 us) to end
+    _, graph, _ = _diamond()
+    r = simulate_step(graph, profile, _cpu(cores=1, hop_s=50 * US), compiled=False, threads=4)
+    assert r.step_s == pytest.approx(10 * US + 50 * US + 30 * US + 6 * US)
 
 
 # --- the GIL, processes and CUDA graphs ------------------------------------------------------
@@ -325,6 +329,12 @@ def test_calibration_fits():
     c = cpu_cluster(host, sums, line, cores=2, burst=(1 << 14, (40 * US, 200 * US)))
     assert c.comm_channels == 1
     assert sim.collective_time(c, "all_reduce", 1 << 14, 2)[0] == pytest.approx(200 * US)
+
+
+def test_parallel_speedup_measures_every_core_count():
+    from ssaexec.sim.calibrate import parallel_speedup
+    speedup = parallel_speedup(max_cores=2, seconds=0.02, repeats=1)
+    assert set(speedup) == {1, 2} and speedup[1] == 1.0 and speedup[2] > 0
 
 
 def test_cores_running_side_by_side_slow_each_other():

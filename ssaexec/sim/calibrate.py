@@ -15,8 +15,9 @@ small program of its own, never the program being predicted:
 * ``hop_s``: the scheduler's hand-off latency: a chain whose every link is queued to
   another worker (``runtime.scheduler.Scheduler`` with no-op functions);
 * ``step_s``: ``ParallelExecutor.run`` of a one-op program on one place, less the op;
-* ``parallel_efficiency``: ``k`` threads each running a 1-thread convolution (GIL
-  released) side by side, against one alone, for ``k`` up to the cores: shared
+* ``parallel_efficiency``: ``k`` threads each running a 1-thread training step of one
+  convolution layer (convolution, batch norm, ReLU, their gradients; GIL released)
+  side by side, against one alone, for ``k`` up to the cores: shared
   caches, memory bandwidth or hyper-threads make all cores busy give less than
   ``cores`` times one (``Host.parallel_efficiency`` is that ratio over ``cores``);
 * ``local_sum``: ``LocalCollective.all_reduce`` over 2 and 4 places for a sweep of
@@ -129,15 +130,24 @@ def _hop_latency(links=300, repeats=5):
     return statistics.median(per_link)
 
 
-def parallel_speedup(max_cores=None, seconds=0.25):
+def parallel_speedup(max_cores=None, seconds=0.15, repeats=5):
     """``{k: throughput of k threads / one thread's}`` for ``k`` = 1 .. cores, each thread
-    running a 1-thread convolution (GIL released) side by side: what cores shared
+    running a 1-thread step of a convolution layer (GIL released) side by side: what cores shared
     caches, memory bandwidth or hyper-threads give when all are busy."""
     import torch.nn.functional as F
 
     from ..place import available_cores
     max_cores = max_cores or available_cores()
-    x, w = torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3)
+    x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    w = torch.randn(16, 16, 3, 3, requires_grad=True)
+    gamma, beta = torch.ones(16, requires_grad=True), torch.zeros(16, requires_grad=True)
+
+    def layer():
+        # a training step's kernel mix, not one kind: convolutions alone hardly slow
+        # each other, the batch norm and elementwise kernels around them stream memory
+        y = F.relu(F.batch_norm(F.conv2d(x, w, padding=1), None, None, gamma, beta,
+                                training=True))
+        torch.autograd.grad(y.sum(), (x, w, gamma, beta))
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
 
@@ -147,9 +157,13 @@ def parallel_speedup(max_cores=None, seconds=0.25):
         window = [0.0]
 
         def work(i):
+            # OpenMP's thread count is per thread: a fresh thread left at the default
+            # runs 2-thread kernels on cores the other threads need (as the
+            # scheduler's workers do, set it in the thread)
+            torch.set_num_threads(1)
             barrier.wait()
             while time.perf_counter() < window[0]:
-                F.conv2d(x, w, padding=1)
+                layer()
                 counts[i] += 1
         ts = [threading.Thread(target=work, args=(i,)) for i in range(k)]
         for t in ts:
@@ -161,9 +175,12 @@ def parallel_speedup(max_cores=None, seconds=0.25):
         return sum(counts)
     try:
         rate(1)
-        one = statistics.median(rate(1) for _ in range(3))
-        return {k: (statistics.median(rate(k) for _ in range(3)) / one if k > 1 else 1.0)
-                for k in range(1, max_cores + 1)}
+        # alternate k threads with one alone and take the median of the paired ratios:
+        # a neighbour's burst then spoils a pair, not the whole estimate
+        speedup = {1: 1.0}
+        for k in range(2, max_cores + 1):
+            speedup[k] = statistics.median(rate(k) / max(1, rate(1)) for _ in range(repeats))
+        return speedup
     finally:
         torch.set_num_threads(prev)
 

@@ -535,9 +535,19 @@ class _Replay:
                 return
             if w.idle:
                 put_t, j, prev = self.queue.popleft()
-                t = max(self.now, put_t + self.hop_s)
+                start = put_t
+                core = None
+                if not self.gpu and self.hop_s > 0:
+                    # waking a thread is work of the OS on a core: with every core
+                    # running kernels the woken worker waits for one
+                    core = min(self.cores, key=lambda c: c.free)
+                    if core.free > start:
+                        start, prev = core.free, core.last
+                t = max(self.now, start + self.hop_s)
                 hop = self.act(put_t, t, "hop", "scheduler hand-off", prev) \
                     if t > put_t else prev
+                if core is not None:
+                    core.free, core.last = t, hop
                 self.start(w, j, t, hop)
 
     def finished(self, thread, node):
