@@ -275,3 +275,45 @@ def test_thread_counts_give_identical_results(threads):
     ref = _train(main, startup, loss, feeds, se.cpu_places(3), True, threads=1)
     got = _train(main, startup, loss, feeds, se.cpu_places(3), True, threads=threads)
     _same(ref, got)
+
+
+def test_each_places_updates_are_one_fused_segment_on_several_places():
+    """The updates of a place wait for all their all-reduces as one run, so they fuse
+    (runtime.compiled.partition); results equal the readable path's bit for bit."""
+    from ssaexec.runtime.compiled import Segment, partition
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        x = se.layers.data("x", shape=[-1, 6], dtype="float32")
+        y = se.layers.data("y", shape=[-1, 1], dtype="float32")
+        h = se.layers.fc(se.layers.fc(x, size=8, act="relu"), size=8, act="relu")
+        loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, size=1), y))
+        se.optimizer.Momentum(0.1, 0.9).minimize(loss)
+    graph = se.build_ssa_graph(main, se.cpu_places(2))
+    nodes, _ = partition(graph, noop_collectives=False)
+    for pi in range(2):
+        updating = [n for n in nodes if isinstance(n, Segment) and n.place_idx == pi and
+                    any(h.section() == "optimize" for h in n.handles)]
+        assert len(updating) == 1, [len(n.handles) for n in updating]
+        assert sum(h.op.type == "momentum" for h in updating[0].handles) == 6
+    torch.manual_seed(0)
+    feed = {"x": torch.randn(8, 6), "y": torch.randn(8, 1)}
+    params = {}
+    for compiled in (True, False):
+        scope = se.Scope()
+        with se.ParallelExecutor(se.cpu_places(2), main, startup, loss.name, scope=scope,
+                                 exec_strategy=se.ExecutionStrategy(compiled=compiled)) as pe:
+            if compiled:
+                source = "".join(s.lowered.source for s in pe._runner((loss.name,)).segments
+                                 if s.lowered is not None)
+            for _ in range(3):
+                pe.run([loss], feed=feed)
+            params[compiled] = {p.name: pe.get_var(p.name).clone()
+                                for p in main.all_parameters()}
+    # one fused call per place, over all six parameters
+    calls = [line for line in source.splitlines() if "'Velocity': [" in line]
+    assert len(calls) == 2, calls
+    for line in calls:
+        params_list = line.split("'Param': [", 1)[1].split("]", 1)[0]
+        assert len(params_list.split(", ")) == 6, line
+    for name, value in params[True].items():
+        assert torch.equal(value, params[False][name]), name

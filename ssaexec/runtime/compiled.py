@@ -11,8 +11,10 @@ spends that knowledge once, when the graph is built:
 2. **Segments.** Each place's handles, in one topological order of the whole
    graph, are cut into maximal runs that no collective interrupts: a run ends
    after a handle some collective waits for and a new one starts before a
-   handle that waits for a collective the run does not already follow. A
-   collective of one place in one process does nothing and cuts nothing, so a
+   handle that waits for a collective the run does not already follow, except
+   that a place's optimizer updates stay one run waiting for all their
+   collectives (so they fuse, as ``torch.optim`` steps after the backward pass).
+   A collective of one place in one process does nothing and cuts nothing, so a
    one-place step is one segment. Every external edge then enters a segment at
    its start and leaves at its end, so the graph of segments, collectives and
    fetches (the *nodes*) is acyclic whenever the SSA graph is.
@@ -137,6 +139,7 @@ def partition(graph, noop_collectives, atomic=False):
     nodes, node_of = [], {}
     current = {}  # place index -> open Segment
     committing = set()  # places whose updates have begun
+    updates_only = {}  # place index -> its open segment holds optimizer updates alone
     for h in order:
         if h.id in multi:
             node = _Wrapped(h)
@@ -150,12 +153,21 @@ def partition(graph, noop_collectives, atomic=False):
             committing.add(pi)
         commit = pi in committing
         seg = current.get(pi)
-        if seg is None or not needs <= seg.after_collectives or seg.commit != commit:
+        updating = h.section() == "optimize"
+        if seg is not None and seg.commit == commit and not needs <= seg.after_collectives \
+                and updating and updates_only.get(pi):
+            # a place's updates form one run that waits for all their collectives, as
+            # torch.optim's step after the backward pass: then they fuse into
+            # torch._foreach_* calls instead of one segment (and launch) each
+            seg.after_collectives |= needs
+        elif seg is None or not needs <= seg.after_collectives or seg.commit != commit:
             seg = Segment(pi, graph.places[pi])
             seg.after_collectives = needs
             seg.commit = commit
             nodes.append(seg)
             current[pi] = seg
+            updates_only[pi] = updating
+        updates_only[pi] = updates_only.get(pi, True) and updating
         seg.handles.append(h)
         node_of[h.id] = seg
         if h.id in feeds_multi:

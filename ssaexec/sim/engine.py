@@ -52,8 +52,11 @@ from .profile import OpCost
 __all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph"]
 
 # Fused optimizer updates (ops.optim.FUSED, compiled path): torch._foreach_* calls per
-# update and bytes moved per parameter byte (each call reads and writes whole lists)
-FOREACH = {"sgd": (2, 5), "momentum": (4, 10), "adam": (16, 30)}
+# update and bytes moved per parameter byte (each call reads and writes whole lists);
+# on CPU places sgd and momentum add the step with alpha=-lr, on GPUs they multiply by
+# the lr tensor first (one more call and list)
+FOREACH = {"sgd": (1, 3), "momentum": (3, 8), "adam": (16, 30)}
+FOREACH_GPU = {"sgd": (2, 5), "momentum": (4, 10), "adam": (16, 30)}
 FOREACH_PER_TENSOR_S = 0.25e-6  # host time per list element of a foreach call (assumed)
 
 
@@ -394,7 +397,7 @@ class _Replay:
 
     def fused(self, thread, group):
         """One ``torch._foreach_*`` update for a group of optimizer ops (memory-bound)."""
-        calls, traffic = FOREACH[group[0].op.type]
+        calls, traffic = (FOREACH_GPU if self.gpu else FOREACH)[group[0].op.type]
         block = self.graph.program.global_block()
         nbytes = 0
         for h in group:
