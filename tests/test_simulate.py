@@ -258,6 +258,14 @@ def test_profile_from_a_trace_and_measured(tmp_path):
     measured = Profile.measure(main, batch=4, steps=1, warmup=1, threads=1)
     assert measured.costs.keys() >= {op_key(h) for h in computes}
     assert measured.threads == 1
+    from ssaexec.place import available_cores
+    if available_cores() >= 2:  # copies of the place side by side, one per core
+        assert 0.0 < measured.side_by_side <= 1.0
+    else:
+        assert measured.side_by_side is None
+    assert Profile.from_dict(measured.to_dict()).side_by_side == measured.side_by_side
+    assert Profile.measure(main, batch=4, steps=1, warmup=1, threads=1,
+                           side_by_side=False).side_by_side is None
 
 
 def test_roofline_estimate_counts_convolutions():
@@ -329,6 +337,15 @@ def test_calibration_fits():
     c = cpu_cluster(host, sums, line, cores=2, burst=(1 << 14, (40 * US, 200 * US)))
     assert c.comm_channels == 1
     assert sim.collective_time(c, "all_reduce", 1 << 14, 2)[0] == pytest.approx(200 * US)
+
+
+def test_a_profile_measured_side_by_side_overrides_the_clusters_figure():
+    _, graph, profile = _diamond()
+    # the cluster's generic figure says cores do not slow each other; the program's own
+    # kernels, measured side by side, run at half speed: as in the test below
+    profile.side_by_side = 0.5
+    slow = simulate_step(graph, profile, _cpu(cores=2), compiled=False, threads=4)
+    assert slow.step_s == pytest.approx(60 * US + 5 * US + 1 * US)
 
 
 def test_parallel_speedup_measures_every_core_count():

@@ -298,7 +298,7 @@ def gloo_sweep(sizes=SIZES, repeats=15):
     return out
 
 
-def gloo_burst(nbytes=1 << 14, count=32, repeats=5):
+def gloo_burst(nbytes=1 << 14, count=32, repeats=15):
     """``(issue seconds per call, seconds per all-reduce)`` of ``count`` asynchronous
     all-reduces of ``nbytes`` issued back to back and then waited for, as the executor's
     ``async_allreduce`` does (call it in every process of the group)."""

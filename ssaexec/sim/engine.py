@@ -40,6 +40,7 @@ end let it start; walking back from the last one gives the critical path, and it
 time split by category (device, host, gil, comm, hop) says what bounds the step.
 """
 
+import dataclasses
 import heapq
 import weakref
 from collections import deque
@@ -231,6 +232,9 @@ class _Replay:
         self.ranks = self.P * processes
         self.cuda_graph, self.compiled = cuda_graph, compiled
         self.gpu = cluster.device.is_gpu
+        if profile.side_by_side is not None and not self.gpu:
+            # the program's own kernels measured side by side beat the generic figure
+            self.host = dataclasses.replace(self.host, parallel_efficiency=profile.side_by_side)
         self.algorithm, self.comm = algorithm, comm
         self.notes = []
         nodes_per_machine, g = cluster.layout(self.ranks)
@@ -245,7 +249,7 @@ class _Replay:
         self.kernel_cores = min(cores, profile.threads or torch_threads)
         # the profile ran its kernels on kernel_cores cores of an idle machine; the other
         # processes of the node keep as many of its cores busy as this one does
-        self.alone = _core_speed(cluster.host, self.kernel_cores)
+        self.alone = _core_speed(self.host, self.kernel_cores)
         if not self.gpu and profile.threads and profile.threads != torch_threads:
             self.notes.append(f"profile taken with {profile.threads} torch threads; the "
                               f"executor would use {torch_threads} per place here")

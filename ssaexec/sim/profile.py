@@ -17,7 +17,9 @@ Three sources, one class:
   ``from_trace(device_trace, host_trace=...)`` combines one of each.
 * ``Profile.measure(program, ...)``: runs steps on one place through
   ``ParallelExecutor.observe`` (one scheduler thread, so nothing else runs beside
-  the op being timed) and takes the same medians.
+  the op being timed) and takes the same medians; on CPU it also times a copy of the
+  place on every core against one alone (``side_by_side``: how much this program's
+  kernels slow each other through shared caches and memory).
 * ``Profile.estimate(program, batch, device)``: a roofline estimate without
   running anything: matrix products and convolutions at a share of the device's
   peak FLOP/s, everything else at a share of its memory bandwidth, never below
@@ -82,11 +84,18 @@ class Profile:
         torch intra-op threads of a CPU profile (the cores a kernel keeps busy).
     source : str
         Where the numbers come from.
+    side_by_side : float, optional
+        CPU profiles: the program's steps per second with every core running a copy
+        of the place, over as many times one copy alone (``measure``). Cores share
+        caches and memory bandwidth, and how much that slows kernels depends on the
+        kernels; when given, the engine uses it instead of the cluster's generic
+        ``Host.parallel_efficiency``.
     """
 
-    __slots__ = ("costs", "batch", "device", "wall", "threads", "source")
+    __slots__ = ("costs", "batch", "device", "wall", "threads", "source", "side_by_side")
 
-    def __init__(self, costs, batch, device, wall=False, threads=None, source=""):
+    def __init__(self, costs, batch, device, wall=False, threads=None, source="",
+                 side_by_side=None):
         if device not in ("cpu", "gpu"):
             raise SSAExecError(f"profile device must be 'cpu' or 'gpu', got {device!r}")
         self.costs = dict(costs)
@@ -95,6 +104,7 @@ class Profile:
         self.wall = bool(wall)
         self.threads = None if threads is None else int(threads)
         self.source = source
+        self.side_by_side = None if side_by_side is None else float(side_by_side)
 
     def __repr__(self):
         return (f"<Profile {len(self.costs)} ops, batch {self.batch} per place, "
@@ -124,12 +134,14 @@ class Profile:
     def to_dict(self):
         return {"batch": self.batch, "device": self.device, "wall": self.wall,
                 "threads": self.threads, "source": self.source,
+                "side_by_side": self.side_by_side,
                 "costs": {k: [c.device_s, c.host_s] for k, c in self.costs.items()}}
 
     @classmethod
     def from_dict(cls, d):
         return cls({k: OpCost(*v) for k, v in d["costs"].items()}, d["batch"], d["device"],
-                   d.get("wall", False), d.get("threads"), d.get("source", ""))
+                   d.get("wall", False), d.get("threads"), d.get("source", ""),
+                   d.get("side_by_side"))
 
     def save(self, path):
         with open(path, "w", encoding="utf-8") as f:
@@ -178,12 +190,15 @@ class Profile:
     # --- measured on the fly ------------------------------------------------------------
     @classmethod
     def measure(cls, program, startup=None, batch=16, place=None, threads=None, steps=5,
-                warmup=2, seed=0, readable_extra_s=8e-6, loss=None):
+                warmup=2, seed=0, readable_extra_s=8e-6, loss=None, side_by_side=True):
         """Run ``warmup`` + ``steps`` steps of ``program`` on one place and time every op.
 
         One scheduler thread runs the ops, one at a time (``observe`` uses the readable
         path). ``threads``: torch intra-op threads (CPU; default torch's current
         setting). On a CUDA place a second pass with ``cuda_sync`` gives device times.
+        ``side_by_side`` (CPU, when the cores hold two copies or more): also time the
+        step with a copy of the place on every ``threads`` cores against one alone
+        (``Profile.side_by_side``).
         """
         import torch
 
@@ -227,8 +242,13 @@ class Profile:
                 copies = _alias_copies(pe.graph([loss]), batch)
                 costs = {k: OpCost(max(0.0, d - readable_extra_s - copies.get(k, 0.0)))
                          for k, d in first.items()}
+                from ..place import available_cores
+                k = available_cores() // threads
+                sbs = _side_by_side(program, startup, loss, feed, threads, k) \
+                    if side_by_side and k >= 2 else None
                 return cls(costs, batch, "cpu", wall=True, threads=threads,
-                           source=f"measured on {place}, {threads} torch threads")
+                           source=f"measured on {place}, {threads} torch threads",
+                           side_by_side=sbs)
             device = timed(True)
             costs = {k: OpCost(max(0.0, device[k] - readable_extra_s),
                                max(0.0, first[k] - readable_extra_s)) for k in first}
@@ -393,3 +413,48 @@ def _flops(block, op, batch):
         if x and y:
             return 2.0 * math.prod(x) * y[-1] * grad
     return 0.0
+
+
+def _side_by_side(program, startup, loss, feed, threads, copies, steps=4, rounds=3):
+    """Steps per second of ``copies`` one-place executors stepping side by side, each in
+    its own thread with ``threads`` torch threads, over ``copies`` times one alone (the
+    median of ``rounds`` alternated pairs, so a neighbour's burst spoils one pair)."""
+    import threading
+    import time
+
+    import torch
+
+    from ..parallel_executor import ParallelExecutor
+    from ..place import CPUPlace
+    from ..runtime.scope import Scope
+    from ..strategy import ExecutionStrategy
+    strategy = ExecutionStrategy(num_threads=1, torch_threads=threads)
+    pes = [ParallelExecutor(places=[CPUPlace(0)], main_program=program,
+                            startup_program=startup, loss_name=loss, exec_strategy=strategy,
+                            scope=Scope(), distributed=False) for _ in range(copies)]
+
+    def run(pe, out):
+        torch.set_num_threads(threads)  # per thread: a fresh thread has OpenMP's default
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            pe.run(fetch_list=[loss], feed=feed)
+        out.append(time.perf_counter() - t0)
+
+    def together(n):
+        out = []
+        ts = [threading.Thread(target=run, args=(pe, out)) for pe in pes[:n]]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return max(out)
+    try:
+        together(copies)  # warm every copy up
+        ratios = []
+        for _ in range(rounds):
+            alone = together(1)
+            ratios.append(alone / together(copies))
+        return min(1.0, statistics.median(ratios))
+    finally:
+        for pe in pes:
+            pe.close()
