@@ -142,8 +142,12 @@ def _debug_mismatch(se, rank):
     xs, ys = make_data([12], 4)
     os.environ[se.distributed.DEBUG_ENV] = "1"
     try:
+        # one all-reduce per gradient (not the default buckets), so the sequences differ
+        # from a known position on
         with se.ParallelExecutor(se.distributed.local_places(PLACES_PER_PROCESS), main,
-                                 startup, loss.name, scope=se.Scope()) as pe:
+                                 startup, loss.name, scope=se.Scope(),
+                                 build_strategy=se.distributed.build_strategy(
+                                     fuse_all_reduce_ops=False)) as pe:
             return _expect(se.DistributedError, lambda: pe.run(
                 [loss.name], feed=se.distributed.shard_batch({"img": xs[0], "label": ys[0]})))
     finally:

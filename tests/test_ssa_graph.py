@@ -182,6 +182,19 @@ def test_models_fused_all_reduce(name, bucket_mb):
             assert nx.has_path(og, ar.id, opt.id)
 
 
+def test_gradients_are_bucketed_by_default_across_processes_only():
+    main, _, _ = model("mlp")
+    n_grads = len(build_ssa_graph(main, cpu_places(2)).param_grads())
+    assert not BuildStrategy().fuses_all_reduce()
+    one = build_ssa_graph(main, cpu_places(2), BuildStrategy())
+    assert len(one.ops_of_kind("all_reduce")) == n_grads  # one process: per gradient
+    several = BuildStrategy(num_trainers=2)
+    assert several.fuses_all_reduce()  # one process of two: DDP-style 25 MiB buckets
+    assert len(build_ssa_graph(main, cpu_places(2), several).collectives) < n_grads
+    assert not BuildStrategy(num_trainers=2, fuse_all_reduce_ops=False).fuses_all_reduce()
+    assert BuildStrategy(fuse_all_reduce_ops=True).fuses_all_reduce()
+
+
 @pytest.mark.parametrize("n", PLACE_COUNTS)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_reduce(name, n):

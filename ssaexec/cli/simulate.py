@@ -76,7 +76,8 @@ def register(add):
     g = p.add_argument_group("build strategy")
     g.add_argument("--reduce-strategy", choices=("all_reduce", "reduce"), default="all_reduce")
     g.add_argument("--fuse-bucket-mb", type=float, default=None, metavar="MB",
-                   help="fuse gradients into all-reduce buckets of MB MiB (default: unfused)")
+                   help="fuse gradients into all-reduce buckets of MB MiB (default: as the "
+                        "executor, 25 MiB buckets across processes, unfused in one)")
     g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
                    help="compress gradients for the all-reduce")
     g.add_argument("--accumulate", type=positive, default=1, metavar="K",
@@ -137,7 +138,7 @@ def cmd_simulate(args):
         cluster = cluster.with_host(op_s=args.host_op_us * 1e-6)
     try:
         strategy = BuildStrategy(reduce_strategy=args.reduce_strategy,
-                                 fuse_all_reduce_ops=args.fuse_bucket_mb is not None,
+                                 fuse_all_reduce_ops=True if args.fuse_bucket_mb else None,
                                  fuse_bucket_mb=args.fuse_bucket_mb or 25.0,
                                  allreduce_dtype=args.allreduce_dtype,
                                  gradient_accumulation_steps=args.accumulate,

@@ -12,7 +12,8 @@ edges). Then, as RAF's AutoDataParallel pass does after autodiff:
   it is a no-op locally but still the hook for cross-process reduction): an all-reduce, or with the
   ``reduce`` strategy a reduce to the parameter's owner place, whose optimizer
   op alone runs and is followed by a broadcast of the parameter;
-* with ``fuse_all_reduce_ops``, gradients are bucketed (``graph.fuse``) and
+* with ``fuse_all_reduce_ops`` (by default across processes), gradients are
+  bucketed (``graph.fuse``) and
   each bucket gets one all-reduce when it fills (or when an op reads one of
   its gradients, or at the end of the program);
 * all collectives are chained by dummy edges in the order they were created,
@@ -140,7 +141,7 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
     sparse_vars = set()  # sparse gradients made so far (ops.sparse)
     last_on_place = [None] * n
     bucketer = None
-    if strategy.fuse_all_reduce_ops and not reduce_mode:
+    if strategy.fuses_all_reduce() and not reduce_mode:
         bucketer = GradBucketer(strategy.fuse_bucket_mb * (1 << 20))
 
     for i, op in enumerate(block.ops):
