@@ -155,7 +155,7 @@ def partition(graph, noop_collectives, atomic=False):
         seg = current.get(pi)
         updating = h.section() == "optimize"
         if seg is not None and seg.commit == commit and not needs <= seg.after_collectives \
-                and updating and updates_only.get(pi):
+                and updating and updates_only[pi]:
             # a place's updates form one run that waits for all their collectives, as
             # torch.optim's step after the backward pass: then they fuse into
             # torch._foreach_* calls instead of one segment (and launch) each
@@ -166,8 +166,8 @@ def partition(graph, noop_collectives, atomic=False):
             seg.commit = commit
             nodes.append(seg)
             current[pi] = seg
-            updates_only[pi] = updating
-        updates_only[pi] = updates_only.get(pi, True) and updating
+            updates_only[pi] = True
+        updates_only[pi] = updates_only[pi] and updating
         seg.handles.append(h)
         node_of[h.id] = seg
         if h.id in feeds_multi:
