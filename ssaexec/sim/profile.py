@@ -196,9 +196,10 @@ class Profile:
         One scheduler thread runs the ops, one at a time (``observe`` uses the readable
         path). ``threads``: torch intra-op threads (CPU; default torch's current
         setting). On a CUDA place a second pass with ``cuda_sync`` gives device times.
-        ``side_by_side`` (CPU, when the cores hold two copies or more): also time the
-        step with a copy of the place on every ``threads`` cores against one alone
-        (``Profile.side_by_side``).
+        ``side_by_side`` (CPU, when the cores hold 2 to ``MAX_SIDE_BY_SIDE`` copies):
+        also time the step with a copy of the place on every ``threads`` cores against
+        one alone (``Profile.side_by_side``). More copies would each hold the program's
+        parameters and activations; such machines keep the cluster's calibrated figure.
         """
         import torch
 
@@ -245,7 +246,7 @@ class Profile:
                 from ..place import available_cores
                 k = available_cores() // threads
                 sbs = _side_by_side(program, startup, loss, feed, threads, k) \
-                    if side_by_side and k >= 2 else None
+                    if side_by_side and 2 <= k <= MAX_SIDE_BY_SIDE else None
                 return cls(costs, batch, "cpu", wall=True, threads=threads,
                            source=f"measured on {place}, {threads} torch threads",
                            side_by_side=sbs)
@@ -413,6 +414,9 @@ def _flops(block, op, batch):
         if x and y:
             return 2.0 * math.prod(x) * y[-1] * grad
     return 0.0
+
+
+MAX_SIDE_BY_SIDE = 8  # copies of a place Profile.measure runs side by side at most
 
 
 def _side_by_side(program, startup, loss, feed, threads, copies, steps=4, rounds=3):
