@@ -22,6 +22,8 @@ from .runtime.compiled import CompiledRunner
 from .runtime.op_call import OpCall
 from .place import CPUPlace
 from .runtime.scheduler import Scheduler
+from .runtime import interrupt
+from .runtime.interrupt import hold
 from .runtime.scope import Scope, global_scope
 
 __all__ = ["Executor", "fetch_names"]
@@ -143,6 +145,10 @@ class Executor:
         list
             One value per fetched var, in ``fetch_list`` order.
         """
+        with hold():  # Ctrl-C stops the step cleanly (runtime.interrupt)
+            return self._run_step(program, feed, fetch_list, scope, return_numpy)
+
+    def _run_step(self, program, feed, fetch_list, scope, return_numpy):
         if program is None:
             from .program.builder import default_main_program
             program = default_main_program()
@@ -162,6 +168,8 @@ class Executor:
                 fetched = plan.run(scope)
             else:
                 for call, free in zip(plan.calls, plan.free_after, strict=True):
+                    if interrupt.requested():
+                        raise KeyboardInterrupt
                     call.run(scope, self.place, plan.step)
                     for n in free:
                         scope.erase(n)

@@ -59,6 +59,7 @@ from .runtime.graph_runner import GraphRunner
 from .dtypes import torch_dtype
 from .place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
+from .runtime.interrupt import hold
 from .runtime.scope import Scope, global_scope
 from .strategy import BuildStrategy, ExecutionStrategy
 
@@ -489,6 +490,10 @@ class ParallelExecutor:
         list
             One entry per fetched var.
         """
+        with hold():  # Ctrl-C stops the step cleanly (runtime.interrupt)
+            return self._run_step(fetch_list, feed, return_merged, allow_persistable_feed)
+
+    def _run_step(self, fetch_list, feed, return_merged, allow_persistable_feed):
         if self._scheduler.closed:
             raise SSAExecError("this ParallelExecutor is closed")
         if self._failed is not None:
@@ -614,7 +619,8 @@ class ParallelExecutor:
 
 
 def _shutdown(scheduler):
-    scheduler.close()
+    # the garbage collector runs this: stop the workers, never wait for them here
+    scheduler.close(wait=False)
 
 
 def _observed(op, fn, on_op, cuda_sync):

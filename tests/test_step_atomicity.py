@@ -32,7 +32,8 @@ register_op("_test_fault_point", ["Place", "After!"], ["Out"], {"point": ("int",
             infer=lambda ins, attrs: {"Out": ([1], "float64")}, grad=None)(_fault_point)
 
 
-def _program():
+def _model():
+    """An MLP with batch norm, dropout and Adam, and the per-place ``place_id`` var."""
     main, startup = se.Program(7), se.Program(7)
     with se.program_guard(main, startup):
         x = se.layers.data("x", [-1, 6], "float64")
@@ -43,6 +44,11 @@ def _program():
         se.optimizer.Adam(0.01).minimize(loss)
     block = main.global_block()
     block.create_var("place_id", shape=[1], dtype="int64", persistable=True)
+    return main, startup, loss, block
+
+
+def _program():
+    main, startup, loss, block = _model()
     ops = list(block.ops)
     first_update = next(i for i, op in enumerate(ops) if op.role == "optimize")
     # a fault point after every forward and backward op (reading what it wrote)
@@ -207,6 +213,104 @@ def test_a_failed_step_forgets_its_feed():
             pe.run([loss])
         lv, = pe.run([loss], feed={"x": x, "label": y})
         assert torch.isfinite(lv)
+    finally:
+        _TARGET[0] = None
+        pe.close()
+
+
+# --- crafted programs: atomicity from the graph, not from op order or role labels -----
+
+_CHECK_STEPS = 250  # fault-injected steps per configuration: 1000 on 2 places, 1000 on 4
+
+
+def _crafted(rng, checks=3):
+    """The fault program's model with ``checks`` checking ops (``_test_fault_point``) at
+    random positions of the op list, with random role labels, each reading a value the
+    step computes before its updates (an activation, a gradient, a loss). A position may
+    be after the optimizer ops: the check still runs before them. (Role ``loss`` is the
+    seed's alone: validation refuses it on any other op, tests/test_validate.py.)"""
+    main, startup, loss, block = _model()
+    persistable = {v.name for v in block.vars.values() if v.persistable}
+    ops = list(block.ops)
+    made = {}  # non-persistable name -> index of the first op writing it
+    for i, op in enumerate(ops):
+        for n in op.output_names():
+            if n not in persistable:
+                made.setdefault(n, i)
+    names = sorted(made)
+    for point in range(checks):
+        name = rng.choice(names)
+        pos = rng.randint(made[name] + 1, len(ops))
+        out = f"check_{point}"
+        block.create_var(out, shape=[1], dtype="float64")
+        ops.insert(pos, se.program.desc.OpDesc(
+            "_test_fault_point", {"Place": ["place_id"], "After": [name]}, {"Out": [out]},
+            {"point": point}, role=rng.choice(["forward", "backward", "optimize"])))
+        made = {n: (i + 1 if i >= pos else i) for n, i in made.items()}
+    block.ops[:] = ops
+    main._version += 1
+    return main, startup, loss.name
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("pool", [False, True])
+@pytest.mark.parametrize("n_places", [2, 4])
+def test_crafted_checks_in_any_role_and_position_leave_no_place_changed(n_places, pool,
+                                                                         compiled):
+    rng = random.Random(f"{n_places}-{pool}-{compiled}")
+    data = [(torch.randn(2 * n_places, 6, dtype=torch.float64),
+             torch.randint(0, 4, (2 * n_places, 1))) for _ in range(3)]
+    failures = divergent = 0
+    programs = 10
+    for _ in range(programs):
+        main, startup, loss = _crafted(rng)
+        pe = se.ParallelExecutor(
+            se.cpu_places(n_places), main, startup, loss, scope=se.Scope(),
+            exec_strategy=se.ExecutionStrategy(num_threads=n_places + 1 if pool else 1,
+                                               compiled=compiled))
+        for i, ls in enumerate(pe.local_scopes):
+            ls.set_var("place_id", torch.tensor([i]))
+        try:
+            for step in range(_CHECK_STEPS // programs):
+                x, y = data[step % len(data)]
+                if step % 5 == 0:  # training goes on between the failures
+                    _TARGET[0] = None
+                    pe.run([loss], feed={"x": x, "label": y})
+                before = _state(pe, main)
+                _TARGET[0] = (rng.randrange(3), rng.randrange(n_places))
+                with pytest.raises(OpError, match="injected fault") as info:
+                    pe.run([loss], feed={"x": x, "label": y})
+                assert not isinstance(info.value, se.errors.CommitError)
+                failures += 1
+                _TARGET[0] = None
+                after = _state(pe, main)
+                divergent += not all(torch.equal(after[p][k], before[p][k])
+                                     for p in range(n_places) for k in after[0])
+        finally:
+            _TARGET[0] = None
+            pe.close()
+    assert failures == _CHECK_STEPS
+    assert divergent == 0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_failure_after_the_updates_began_is_a_commit_error(compiled):
+    """The case a step cannot undo: an op reading an updated parameter fails."""
+    main, startup, loss, _ = _program()
+    block = main.global_block()
+    block.create_var("late_check", shape=[1], dtype="float64")
+    block.append_op("_test_fault_point", {"Place": ["place_id"], "After": ["fc_0.w_0"]},
+                    {"Out": ["late_check"]}, {"point": 999}, role="optimize")
+    pe = _executor(main, startup, loss, 2, threads=3)
+    pe.local_scopes[0].find_var("place_id")  # set by _executor
+    try:
+        x, y = torch.randn(4, 6, dtype=torch.float64), torch.randint(0, 4, (4, 1))
+        _TARGET[0] = (999, 1)
+        with pytest.raises(se.errors.CommitError, match="commit phase") as info:
+            pe.run([loss], feed={"x": x, "label": y})
+        assert "cpu:1" in str(info.value) and "injected fault" in str(info.value)
+        assert isinstance(info.value.__cause__, OpError)
     finally:
         _TARGET[0] = None
         pe.close()

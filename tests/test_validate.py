@@ -289,3 +289,13 @@ def test_builder_programs_validate():
     for p in _builder_programs():
         validate_program(p)
         validate_program(p.clone(for_test=True))
+
+
+@pytest.mark.parametrize("op_index", [0, 1, 3])
+def test_role_loss_is_only_for_the_loss_gradient_seed(op_index):
+    # the graph builder swaps a 'loss' op for the seed of loss@GRAD: any other op under
+    # that role would silently never run
+    p = linear_program()
+    op(p, op_index).role = "loss"
+    fails(p, f"block 0, op {op_index} ({op(p, op_index).type}): role 'loss' marks the "
+             "loss-gradient seed", "hint: give it the role of the pass")

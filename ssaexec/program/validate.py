@@ -18,7 +18,9 @@ it, before that op's outputs count as written):
    "never written", one written only later as "use before definition";
 7. shape/dtype inference (``registry.infer_outputs``) succeeds on the declared
    input shapes and agrees with the declared outputs (-1 and unknown shapes
-   match anything).
+   match anything);
+8. an op of role ``loss`` is the loss-gradient seed: a ``fill_constant``
+   writing one ``X@GRAD`` var (the graph builder swaps that op for its seed).
 
 Untrusted programs (docs/security.md): step 1 resolves ``aten.*`` types only
 through the operator policy (``ssaexec.ops.policy``), step 4 applies its
@@ -39,7 +41,7 @@ from ..errors import ProgramError
 from ..limits import shape_problem
 from ..ops.policy import op_problem
 from ..ops.registry import REQUIRED, check_attr, get_op_def, infer_outputs
-from .desc import EMPTY_VAR
+from .desc import EMPTY_VAR, GRAD_SUFFIX
 
 __all__ = ["validate_program"]
 
@@ -135,6 +137,7 @@ class _Validator:
             op_def = self._op_def(op, where)
             subs = self._sub_blocks(op, bi, where)
             self._slots(op, op_def, where)
+            self._role(op, where)
             self._attrs(op, op_def, where)
             self._declared(block, op, where)
             self._sym_dims(block, op, where)
@@ -155,6 +158,18 @@ class _Validator:
             sep = " " if msg.endswith("?") else "; "
             raise ProgramError(f"{where}: {msg}{sep}hint: see "
                                "ssaexec.ops.registry.registered_ops()") from None
+
+    # -- 3b. the 'loss' role: the graph builder replaces that op by its loss-gradient seed,
+    # so any other op under it would silently not run
+    def _role(self, op, where):
+        if op.role != "loss":
+            return
+        outs = op.output_names()
+        if op.type != "fill_constant" or len(outs) != 1 or not outs[0].endswith(GRAD_SUFFIX):
+            raise ProgramError(
+                f"{where}: role 'loss' marks the loss-gradient seed (a fill_constant writing "
+                f"one 'LOSS@GRAD' var), but this op writes {outs}; hint: give it the role of "
+                "the pass it belongs to (forward, backward or optimize)")
 
     # -- 2. sub-blocks
     def _sub_blocks(self, op, bi, where):

@@ -37,6 +37,7 @@ cross-stream events are recorded only on node edges that cross streams
 import threading
 
 from ..graph.aliasing import plan_aliasing
+from ..graph.commit import commit_plan
 from ..graph.ssa import ComputationOpHandle
 from .codegen import CloneCounter, lower_segment
 from .graph_runner import GraphRunner
@@ -73,7 +74,7 @@ class Segment:
         self._producers = []
         self.lowered = None
         self.after_collectives = set()  # ids of the collectives the segment's start follows
-        self.commit = False  # holds parameter/optimizer-state updates (atomic steps)
+        self.commit = False  # in the step's commit phase (graph.commit): runs last
 
     def producers(self):
         return self._producers
@@ -87,13 +88,15 @@ class Segment:
 class _Wrapped:
     """A collective or fetch handle as a node of the node graph."""
 
-    __slots__ = ("id", "handle", "inputs", "outputs", "_producers")
+    place_idx = None  # spans places
+    __slots__ = ("id", "handle", "inputs", "outputs", "_producers", "commit")
 
-    def __init__(self, handle):
+    def __init__(self, handle, commit=False):
         self.id = -1
         self.handle = handle
         self.inputs, self.outputs = [], []
         self._producers = []
+        self.commit = commit  # in the step's commit phase (graph.commit)
 
     @property
     def kind(self):
@@ -115,17 +118,21 @@ class _Wrapped:
         return self._producers
 
 
-def partition(graph, noop_collectives, atomic=False):
+def partition(graph, noop_collectives, atomic=False, plan=None):
     """Cut ``graph`` into nodes (see the module docstring).
 
-    With ``atomic``, each place's updates (from its first ``optimize`` op on) form
-    commit segments that wait for every other node of the step, on every place.
+    Each place runs its early handles before its commit phase (``graph.commit``),
+    which forms commit segments; with ``atomic``, those wait for every other node
+    of the step, on every place.
+
+    ``plan``: the graph's ``CommitPlan`` if the caller has it.
 
     Returns
     -------
     (list of nodes, dict id(handle) -> node)
     """
-    order = _program_order(graph)
+    late = (plan or commit_plan(graph)).late
+    order = _program_order(graph, late)
     multi = set()
     for h in graph.ops:
         # handles spanning places are nodes of their own (but one place's no-op collectives)
@@ -138,20 +145,17 @@ def partition(graph, noop_collectives, atomic=False):
                 feeds_multi.add(p.id)
     nodes, node_of = [], {}
     current = {}  # place index -> open Segment
-    committing = set()  # places whose updates have begun
     updates_only = {}  # place index -> its open segment holds optimizer updates alone
     for h in order:
         if h.id in multi:
-            node = _Wrapped(h)
+            node = _Wrapped(h, atomic and h.id in late)
             nodes.append(node)
             node_of[h.id] = node
             continue
         pi = h.place_idx if h.on_one_place else \
             next(v.place_idx for v in h.inputs + h.outputs if not v.is_dummy)
         needs = {p.id for p in h.producers() if p.id in multi}
-        if atomic and h.section() == "optimize":
-            committing.add(pi)
-        commit = pi in committing
+        commit = atomic and h.id in late
         seg = current.get(pi)
         updating = h.section() == "optimize"
         if seg is not None and seg.commit == commit and not needs <= seg.after_collectives \
@@ -206,20 +210,11 @@ def partition(graph, noop_collectives, atomic=False):
 
 
 def _commit_barrier(nodes):
-    # commit nodes: commit segments and everything downstream of them (nodes are in a
-    # topological order); each first commit segment waits for every other node
-    succ = {n.id: [] for n in nodes}
+    # the commit phase is closed downstream (graph.commit), so its nodes are exactly the
+    # ``commit`` ones; each of its first nodes waits for every other node of the step
+    early = [n for n in nodes if not n.commit]
     for n in nodes:
-        for p in n._producers:
-            succ[p.id].append(n)
-    late = set()
-    for n in nodes:
-        if n.id in late or getattr(n, "commit", False):
-            late.add(n.id)
-            late.update(m.id for m in succ[n.id])
-    early = [n for n in nodes if n.id not in late]
-    for n in nodes:
-        if getattr(n, "commit", False) and not any(p.id in late for p in n._producers):
+        if n.commit and not any(p.commit for p in n._producers):
             have = {p.id for p in n._producers}
             for e in early:
                 if e.id not in have:
@@ -247,8 +242,9 @@ def compile_summary(graph, local_only=True):
             "alias_edges": alias.edges}
 
 
-def _program_order(graph):
-    """A topological order that follows program order (handle ids) wherever it can.
+def _program_order(graph, late=()):
+    """A topological order that follows program order (handle ids) wherever it can,
+    with every handle of ``late`` (the commit phase) after all the others.
 
     Handles are made in program order, so each place then runs its ops as the
     sequential executor would: the optimizer updates stay together at the end,
@@ -262,16 +258,16 @@ def _program_order(graph):
         indeg[op.id] = len(ps)
         for p in ps:
             succ[p.id].append(op.id)
-    ready = [i for i, d in enumerate(indeg) if d == 0]
+    ready = [(i in late, i) for i, d in enumerate(indeg) if d == 0]
     heapq.heapify(ready)
     order = []
     while ready:
-        i = heapq.heappop(ready)
+        _, i = heapq.heappop(ready)
         order.append(graph.ops[i])
         for j in succ[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
-                heapq.heappush(ready, j)
+                heapq.heappush(ready, (j in late, j))
     if len(order) != len(graph.ops):
         graph.topological_order()  # raises GraphError naming the cycle
     return order
@@ -315,11 +311,8 @@ class CompiledRunner(GraphRunner):
         noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
         # several places: a step commits its updates on every place or on none
         self.atomic = not noop
-        self.nodes, node_of = partition(graph, noop, self.atomic)
-        block = graph.program.global_block()
-        self._persistables = [n for n in dict.fromkeys(
-            n for names in graph.vars for n in names)
-            if block.find_var(n) is not None and block.find_var(n).persistable]
+        self.commit = commit_plan(graph)
+        self.nodes, node_of = partition(graph, noop, self.atomic, self.commit)
         self.segments = [n for n in self.nodes if isinstance(n, Segment)]
         self.streams = None
         if contexts is not None and any(c is not None for c in contexts):
@@ -328,7 +321,8 @@ class CompiledRunner(GraphRunner):
         self.plan = DependencyPlan(len(self.nodes), [[p.id for p in n.producers()]
                                                      for n in self.nodes],
                                    [not isinstance(n, Segment) and n.is_collective
-                                    for n in self.nodes])
+                                    for n in self.nodes],
+                                   [n.commit for n in self.nodes])
         self.signature = self._collective_signature()
         export, reads = self._memory_plan(node_of)
         needed = {id(v) for names in graph.vars for vs in names.values() for v in vs
@@ -432,24 +426,7 @@ class CompiledRunner(GraphRunner):
     def run(self, sync=None):
         """Run the step once; return {fetch name: [value per place]}."""
         self.counter.count = 0
-        saved = None
-        if self.atomic:
-            # updates that rebind a persistable (batch norm's running statistics) are undone
-            # if the step fails; in-place updates run only once nothing else can fail
-            saved = [[(n, s.vars.get(n)) for n in self._persistables] for s in self.scopes]
-        try:
-            fetched = super().run(sync)
-        except BaseException:
-            if saved is not None:
-                for scope, binding in zip(self.scopes, saved, strict=True):
-                    for n, t in binding:
-                        if t is None:
-                            scope.vars.pop(n, None)
-                        else:
-                            scope.vars[n] = t
-            raise
-        self.step[0] += 1  # a failed step draws the same masks when it is run again
-        return fetched
+        return super().run(sync)
 
 
 def _node_stream_key(node):

@@ -27,8 +27,9 @@ import threading
 
 import torch
 
-from ..errors import OpError, SSAExecError
+from ..errors import CommitError, OpError, SSAExecError
 from ..dtypes import torch_dtype
+from ..graph.commit import commit_plan
 from ..graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, CollectiveOpHandle,
                          ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 from .op_call import OpCall
@@ -50,7 +51,12 @@ class GraphRunner:
         if contexts is not None and any(c is not None for c in contexts):
             from .streams import StreamSync
             self.streams = StreamSync(graph, contexts, sync)
-        self.plan = DependencyPlan.from_graph(graph)
+        # the commit phase waits for every other handle, on every place (graph.commit)
+        self.commit = commit_plan(graph)
+        self.plan = DependencyPlan(len(graph.ops),
+                                   [[p.id for p in self.commit.producers(op)] for op in graph.ops],
+                                   [op.is_collective for op in graph.ops],
+                                   [op.id in self.commit.late for op in graph.ops])
         self.fetched = {}
         self.pending = {}  # started asynchronous all-reduces: id -> function completing it
         self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
@@ -246,13 +252,30 @@ class GraphRunner:
             if sync is not None:
                 self.streams.sync = sync
             self.streams.start()
+        # persistables the early phase rebinds (running statistics, counters) are put
+        # back if the step fails; in-place updates run only once nothing else can fail
+        rebound = self.commit.rebound
+        saved = [[(n, s.vars.get(n)) for n in rebound] for s in self.scopes] if rebound \
+            else None
         try:
-            self.scheduler.run(self.plan, self.fns, self.inline)
-        finally:
-            if self.streams is not None:
-                self.streams.finish()
-        if type(self) is GraphRunner:
-            self.step[0] += 1  # only after success, as the compiled runner does
+            try:
+                self.scheduler.run(self.plan, self.fns, self.inline)
+            finally:
+                if self.streams is not None:
+                    self.streams.finish()
+        except BaseException as e:
+            if saved is not None:
+                for scope, binding in zip(self.scopes, saved, strict=True):
+                    for n, t in binding:
+                        if t is None:
+                            scope.vars.pop(n, None)
+                        else:
+                            scope.vars[n] = t
+            if self.scheduler.commit_began and isinstance(e, Exception) and \
+                    not isinstance(e, CommitError):
+                raise CommitError.of(e) from e
+            raise
+        self.step[0] += 1  # a failed step draws the same masks when it is run again
         return self.fetched
 
 

@@ -17,6 +17,14 @@ running ops finish, queued ones are skipped. Queue items carry their run,
 so leftovers of a failed run can never execute in the next one. The first
 exception is kept and re-raised in the caller; later ones are dropped.
 
+Commit phase and Ctrl-C. A plan may flag ``commit`` ops: the step's commit
+phase (in-place updates of persistable state, and everything after them),
+whose ops wait for every other op of the step (``graph.commit``). Once a
+commit op has started (``committing``), a Ctrl-C no longer stops the run: the
+commit completes on every place, so a step is applied everywhere or nowhere.
+Ctrl-C reaches the run as a flag (``runtime.interrupt``), read between ops; an
+error still stops the run at once, in either phase.
+
 ``num_threads=1`` runs everything in the calling thread: a synchronous mode
 for debugging. Otherwise the caller is one of the ``num_threads`` workers and
 ``num_threads - 1`` daemon threads serve the queue until ``close()``.
@@ -26,6 +34,7 @@ import queue
 import threading
 
 from ..errors import GraphError, SSAExecError
+from . import interrupt
 
 __all__ = ["DependencyPlan", "Scheduler"]
 
@@ -41,13 +50,17 @@ class DependencyPlan:
         ``producers[i]``: ops that must finish before op ``i`` starts.
     is_comm : list of bool, optional
         Communication ops, dispatched ahead of computation.
+    commit : list of bool, optional
+        Ops of the commit phase (see the module docstring); None: no commit phase.
     """
 
-    __slots__ = ("n", "pending", "succ", "roots", "is_comm")
+    __slots__ = ("n", "pending", "succ", "roots", "is_comm", "commit")
 
-    def __init__(self, n, producers, is_comm=None):
+    def __init__(self, n, producers, is_comm=None, commit=None):
         self.n = n
         self.is_comm = list(is_comm) if is_comm is not None else [False] * n
+        self.commit = tuple(bool(c) for c in commit) if commit is not None and any(commit) \
+            else None
         succ = [[] for _ in range(n)]
         pending = [0] * n
         for i, ps in enumerate(producers):
@@ -79,17 +92,19 @@ class DependencyPlan:
             raise GraphError(f"dependency cycle: {self.n - seen} ops can never become ready")
 
     @classmethod
-    def from_graph(cls, graph):
-        """The plan of an ``SSAGraph`` (op ids are handle ids)."""
+    def from_graph(cls, graph, commit=None):
+        """The plan of an ``SSAGraph`` (op ids are handle ids); ``commit``: handle ids
+        of the commit phase."""
+        flags = None if not commit else [op.id in commit for op in graph.ops]
         return cls(len(graph.ops), [[p.id for p in op.producers()] for op in graph.ops],
-                   [op.is_collective for op in graph.ops])
+                   [op.is_collective for op in graph.ops], flags)
 
 
 class _Run:
     __slots__ = ("plan", "fns", "counts", "remaining", "inflight", "error", "stopped", "done",
-                 "lock")
+                 "lock", "hold", "committing")
 
-    def __init__(self, plan, fns):
+    def __init__(self, plan, fns, hold):
         self.plan = plan
         self.fns = fns
         self.counts = list(plan.pending)
@@ -99,6 +114,8 @@ class _Run:
         self.stopped = False
         self.done = threading.Event()
         self.lock = threading.Lock()
+        self.hold = hold  # runtime.interrupt.Hold of the main thread, or None
+        self.committing = False  # a commit op has started: Ctrl-C waits for the end
 
 
 _STOP = object()
@@ -116,6 +133,7 @@ class Scheduler:
         self._workers = []
         self._closed = False
         self._busy = threading.Lock()
+        self.commit_began = False  # the last run started its commit phase
 
     # --- pool -------------------------------------------------------------------------
     def _ensure_workers(self):
@@ -140,15 +158,21 @@ class Scheduler:
             run, i = item
             self._execute(run, i)
 
-    def close(self, timeout=10.0):
-        """Stop and join every worker thread (idempotent)."""
+    def close(self, timeout=10.0, wait=True):
+        """Stop every worker thread and, with ``wait``, join them (idempotent).
+
+        A finalizer passes ``wait=False``: blocking there would hold up the garbage
+        collector in whatever thread it runs, and a Ctrl-C arriving meanwhile would be
+        raised inside the finalizer, where Python drops it (``runtime.interrupt``).
+        """
         if self._closed:
             return
         self._closed = True
         for _ in self._workers:
             self._queue.put(_STOP)
-        for t in self._workers:
-            t.join(timeout)
+        if wait:
+            for t in self._workers:
+                t.join(timeout)
         self._workers = []
 
     @property
@@ -160,6 +184,8 @@ class Scheduler:
         """Run every op of ``plan`` (``fns[i]()`` runs op ``i``); re-raise the first error.
 
         ``inline`` runs this plan in the calling thread only, as ``num_threads=1`` does.
+        A Ctrl-C raises ``KeyboardInterrupt`` once the ops running have finished (after
+        the whole commit phase, if it had begun).
         """
         if plan.n == 0:
             return
@@ -168,31 +194,40 @@ class Scheduler:
         if not self._busy.acquire(blocking=False):
             raise SSAExecError("this executor is already running (runs cannot overlap; use one "
                                "executor per thread)")
+        run = None
         try:
-            run = _Run(plan, fns)
-            roots = plan.roots
-            run.inflight = len(roots)
-            if self.num_threads == 1 or inline:
-                self._run_sync(run)
-            else:
-                self._ensure_workers()
-                # comm roots go to the pool, the caller takes the first compute root
-                inline = next((r for r in roots if not plan.is_comm[r]), roots[0])
-                for r in roots:
-                    if r != inline:
-                        self._queue.put((run, r))
-                try:
-                    self._execute(run, inline)
-                    while not run.done.wait(0.05):
-                        pass
-                except KeyboardInterrupt as e:
-                    self._stop(run, e)
-                    while not run.done.wait(0.05):
-                        pass
-            if run.error is not None:
-                raise run.error
+            with interrupt.hold() as hold:
+                run = _Run(plan, fns, hold)
+                roots = plan.roots
+                run.inflight = len(roots)
+                if self.num_threads == 1 or inline:
+                    self._run_sync(run)
+                else:
+                    self._run_pool(run)
+                if run.error is not None:
+                    raise run.error
+                if hold is not None and hold.pending:
+                    hold.completed = True  # the outermost hold raises KeyboardInterrupt
         finally:
+            self.commit_began = run is not None and run.committing
             self._busy.release()
+
+    def _run_pool(self, run):
+        plan = run.plan
+        self._ensure_workers()
+        # comm roots go to the pool, the caller takes the first compute root
+        inline = next((r for r in plan.roots if not plan.is_comm[r]), plan.roots[0])
+        for r in plan.roots:
+            if r != inline:
+                self._queue.put((run, r))
+        try:
+            self._execute(run, inline)
+            while not run.done.wait(0.05):
+                pass
+        except KeyboardInterrupt as e:  # Ctrl-C where it is not held (runtime.interrupt)
+            self._stop(run, e)
+            while not run.done.wait(0.05):
+                pass
 
     def _stop(self, run, exc):
         with run.lock:
@@ -202,11 +237,33 @@ class Scheduler:
             if run.inflight == 0:
                 run.done.set()
 
+    def _admit(self, run, i):
+        """Whether op ``i`` may start (slow path: a stop, a Ctrl-C or a first commit op).
+
+        Called with ``run.lock`` held, or from the only thread of the run.
+        """
+        hold = run.hold
+        if not run.stopped and hold is not None and hold.pending and not run.committing:
+            run.stopped = True
+            if run.error is None:
+                run.error = KeyboardInterrupt()
+        if run.stopped:
+            return False
+        commit = run.plan.commit
+        if commit is not None and commit[i]:
+            run.committing = True
+        return True
+
     def _run_sync(self, run):
         stack = list(reversed(run.plan.roots))
-        succ, counts, fns = run.plan.succ, run.counts, run.fns
+        succ, counts, fns, commit = run.plan.succ, run.counts, run.fns, run.plan.commit
+        hold = run.hold
         while stack:
             i = stack.pop()
+            if (hold is not None and hold.pending) or \
+                    (commit is not None and not run.committing and commit[i]):
+                if not self._admit(run, i):
+                    return
             try:
                 fns[i]()
             except BaseException as e:  # noqa: B036 - Ctrl-C too must stop the run cleanly
@@ -223,13 +280,16 @@ class Scheduler:
     def _execute(self, run, i):
         plan, fns, counts = run.plan, run.fns, run.counts
         succ, is_comm, lock, put = plan.succ, plan.is_comm, run.lock, self._queue.put
+        commit, hold = plan.commit, run.hold
         while i is not None:
-            if run.stopped:
+            if run.stopped or (hold is not None and hold.pending) or \
+                    (commit is not None and not run.committing and commit[i]):
                 with lock:
-                    run.inflight -= 1
-                    if run.inflight == 0:
-                        run.done.set()
-                return
+                    if not self._admit(run, i):
+                        run.inflight -= 1
+                        if run.inflight == 0:
+                            run.done.set()
+                        return
             try:
                 fns[i]()
                 failed = False
