@@ -1,7 +1,6 @@
 """DataLoader: background preparation of per-place feeds."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -31,17 +30,21 @@ def test_loader_feeds_train_like_plain_feeds():
 def test_loader_runs_ahead_and_stops():
     before = set(threading.enumerate())
     produced = []
+    ahead = threading.Event()
 
     def source():
         for b in _batches(10):
             produced.append(1)
+            if len(produced) == 4:
+                ahead.set()
             yield b
 
     loader = DataLoader(source(), se.cpu_places(2), prefetch=3)
     first = next(loader)
     assert [f["img"].shape[0] for f in first] == [3, 3]
-    time.sleep(0.3)
-    assert len(produced) >= 4  # prepared ahead while the consumer was busy
+    # prepared ahead while the consumer was busy (an event, not a sleep: a loaded machine
+    # may take its time, but the loader must get there without another next())
+    assert ahead.wait(60)
     loader.close()
     assert set(threading.enumerate()) - before == set()
 

@@ -1,6 +1,7 @@
 """The scheduler on random DAGs: every op runs once, after all its producers; no leaks."""
 
 import random
+import signal
 import threading
 import time
 
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssaexec.errors import GraphError
+from ssaexec.runtime import interrupt
 from ssaexec.runtime.scheduler import DependencyPlan, Scheduler
 
 
@@ -119,3 +121,37 @@ def test_runs_cannot_overlap():
     sched.run(DependencyPlan(1, [[]]), [reenter])
     sched.close()
     assert inner_error and "already running" in str(inner_error[0])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("press_at", [2, 5])
+def test_a_held_ctrl_c_stops_before_the_commit_phase_never_inside_it(threads, press_at):
+    """Ops 0-3 compute, 4-7 commit (each waits for 0-3). A Ctrl-C held back while op
+    ``press_at`` runs stops the run before the commit phase, or lets a begun one finish."""
+    n = 8
+    producers = [[], [0], [1], [2]] + [[0, 1, 2, 3]] * 4
+    plan = DependencyPlan(n, producers, commit=[i >= 4 for i in range(n)])
+    ran = []
+
+    def op(i):
+        def fn():
+            ran.append(i)
+            if i == press_at:
+                interrupt._HOLD.pending = True  # as the held-back handler does
+        return fn
+    sched = Scheduler(threads)
+    try:
+        with pytest.raises(KeyboardInterrupt) as ei:
+            with interrupt.hold():
+                sched.run(plan, [op(i) for i in range(n)])
+        if press_at < 4:
+            assert sorted(ran) == list(range(press_at + 1))  # nothing after the press
+            assert not sched.commit_began
+        else:
+            assert sorted(ran) == list(range(n))  # the commit phase completed
+            assert sched.commit_began
+            assert "completed on every place" in "".join(ei.value.__notes__)
+        assert not interrupt._HOLD.pending
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        sched.close()
