@@ -97,7 +97,7 @@ def test_random_fault_gives_op_error_and_leaves_parameters_intact(threads):
 # runs it, and waits until the held-back press has been seen: no timer, no sleep decides
 # where in the step it lands.
 
-_PRESS = {"left": 0, "gc": False, "wait": True}
+_PRESS = {"left": 0, "gc": False, "wait": True, "garbage": None}
 _PRESS_LOCK = threading.Lock()
 
 
@@ -112,7 +112,8 @@ def _press_ctrl_c(ins, attrs):
         _PRESS["left"] -= press
     if press:
         if _PRESS["gc"]:
-            gc.collect()  # runs the finalizer below, in this thread
+            _PRESS["garbage"] = None  # the last reference: only a collection frees it now
+            gc.collect()  # runs its finalizer, in this thread
         else:
             os.kill(os.getpid(), signal.SIGINT)
         deadline = time.monotonic() + 60
@@ -122,6 +123,15 @@ def _press_ctrl_c(ins, attrs):
 
 
 register_op("_test_press_ctrl_c", ["X"], ["Out"])(_press_ctrl_c)
+
+
+@pytest.fixture
+def terminal_ctrl_c():
+    """Ctrl-C as a terminal delivers it. A shell starts background jobs with SIGINT ignored
+    (then Python installs no handler and nothing is held back), so CI may run us so."""
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)
 
 
 def _press_program(commit_phase=False):
@@ -160,7 +170,7 @@ def _feed():
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("via_gc", [False, True])
-def test_ctrl_c_stops_the_run_cleanly(threads, compiled, via_gc):
+def test_ctrl_c_stops_the_run_cleanly(threads, compiled, via_gc, terminal_ctrl_c):
     main, startup, loss = _press_program()
     before = set(threading.enumerate())
     pe = _press_executor(main, startup, loss, threads, compiled)
@@ -175,13 +185,14 @@ def test_ctrl_c_stops_the_run_cleanly(threads, compiled, via_gc):
         g = Garbage()
         g.cycle = g
         weakref.finalize(g, os.kill, os.getpid(), signal.SIGINT)
+        _PRESS["garbage"] = g  # kept until the op drops it: no earlier collection frees it
         del g
     _PRESS.update(left=1, gc=via_gc)
     try:
         with pytest.raises(KeyboardInterrupt):
             pe.run([loss], feed=feed)
     finally:
-        _PRESS.update(left=0, gc=False)
+        _PRESS.update(left=0, gc=False, garbage=None)
     assert pe.runs == 1
     for pb, pa in zip(state, _snapshot(pe, main), strict=True):
         for name in pb:
@@ -189,14 +200,14 @@ def test_ctrl_c_stops_the_run_cleanly(threads, compiled, via_gc):
     # the executor still works afterwards, and Ctrl-C is Python's again
     lv, = pe.run([loss], feed=feed)
     assert torch.isfinite(lv)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     pe.close()
     assert set(threading.enumerate()) - before == set()
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("compiled", [True, False])
-def test_ctrl_c_in_the_commit_phase_completes_the_step_everywhere(compiled):
+def test_ctrl_c_in_the_commit_phase_completes_the_step_everywhere(compiled, terminal_ctrl_c):
     main, startup, loss = _press_program(commit_phase=True)
     pe = _press_executor(main, startup, loss, 3, compiled)
     feed = _feed()

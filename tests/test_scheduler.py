@@ -140,6 +140,8 @@ def test_a_held_ctrl_c_stops_before_the_commit_phase_never_inside_it(threads, pr
                 interrupt._HOLD.pending = True  # as the held-back handler does
         return fn
     sched = Scheduler(threads)
+    # Ctrl-C as a terminal delivers it (a background job starts with SIGINT ignored)
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt) as ei:
             with interrupt.hold():
@@ -154,4 +156,5 @@ def test_a_held_ctrl_c_stops_before_the_commit_phase_never_inside_it(threads, pr
         assert not interrupt._HOLD.pending
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
+        signal.signal(signal.SIGINT, prev)
         sched.close()
