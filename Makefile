@@ -1,5 +1,5 @@
 # ssaexec: `make demo` trains the example programs; `make test` runs the test suite;
-# `make fuzz` runs the program-file fuzzer with a long budget.
+# `make fuzz` runs the program-file and kernel fuzzers with a long budget.
 # Both create .venv and install everything on first use.
 #
 # torch: on a machine without an NVIDIA GPU we install the CPU build of
@@ -83,11 +83,17 @@ validate-sim: $(STAMP)
 	$(BIN)/python bench/validate_sim.py
 
 # The program-file fuzzer (tests/test_fuzz.py, docs/security.md) with a long budget;
-# `make test` runs it with 60 cases. It prints the number of cases tried.
+# `make test` runs it with 60 cases. It prints the number of cases tried. Then the kernel
+# fuzzer (tests/test_kernel_fuzz.py: every allowlisted ATen kernel with hostile values),
+# long: every mutation under every layout plus random pairs (`make test` samples it);
+# KERNEL_FUZZ_SEED=N varies its random draws.
 FUZZ_EXAMPLES ?= 5000
+KERNEL_FUZZ_SEED ?= 0
 fuzz: $(STAMP)
 	SSAEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 		tests/test_fuzz.py
+	SSAEXEC_KERNEL_FUZZ=long SSAEXEC_KERNEL_FUZZ_SEED=$(KERNEL_FUZZ_SEED) $(BIN)/python -m pytest \
+		-q -s -p no:cacheprovider tests/test_kernel_fuzz.py -k no_allowlisted
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -17,6 +17,8 @@ Policy:
 * **Places.** Values come from place 0, or for ZeRO-sharded optimizer state from the
   owner place; loading writes every place (the owners only, under ZeRO), so a run can
   resume on another number of places.
+* **Untrusted metadata.** The header is the file's text: a ``runs`` that is not a
+  count, or a file whose data does not match its header, is an ``SSAExecError``.
 * **Mismatch is an error.** Loading into a program whose persistables differ (missing,
   extra, other shape or dtype) raises ``SSAExecError`` naming them. State an executor
   adds by itself (``@AMP.*`` loss scaling, ``*@ACC`` accumulators) may be absent on
@@ -149,8 +151,12 @@ def load_checkpoint(path, target, program=None):
         raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if meta.get("format") != FORMAT:
         raise SSAExecError(f"{path}: not an ssaexec checkpoint (format "
-                           f"{meta.get('format')!r}, expected {FORMAT!r})")
-    tensors = st.load_file(path)
+                           f"{_clip(meta.get('format'))}, expected {FORMAT!r})")
+    runs = _runs(meta.get("runs", "0"), path)
+    try:
+        tensors = st.load_file(path)
+    except Exception as e:  # noqa: BLE001 - a header that lies about the data after it
+        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     program, get, put, _, _ = _target(target, program)
     want = {v.name: v for v in _persistables(program)}
     missing = sorted(n for n in want if n not in tensors and not _optional(n)
@@ -173,5 +179,18 @@ def load_checkpoint(path, target, program=None):
         if n in want:
             put(n, t)
     if hasattr(target, "local_scopes"):
-        target.runs = int(meta.get("runs", 0))
+        target.runs = runs
     return meta
+
+
+def _clip(value):
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _runs(text, path):
+    # metadata is the file's text: int() of it could raise, or parse thousands of digits
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 18):
+        raise SSAExecError(f"{path}: checkpoint metadata runs={_clip(text)} is not a count of "
+                           "runs (a non-negative integer of at most 18 digits)")
+    return int(text)

@@ -9,12 +9,16 @@ that names the limit and how to raise it. The limits, with their defaults:
 limit                      default      bounds
 =========================  ===========  ============================================
 ``max_tensor_elements``    2**31        elements of one tensor: a declared var shape
-                                        (-1 counted as 1), a factory op's size, an
-                                        inferred op output
+                                        (-1 and 0 counted as 1), a factory op's size,
+                                        an inferred op output, a synthetic batch, a
+                                        hand-written op's result at run time
 ``max_size_value``         2**62        any intermediate value of a size expression
 ``max_int_digits``         40           digits of one integer literal in a file
 ``max_nesting``            64           nesting depth of lists/objects in a file
 ``max_expr_chars``         1000         characters of one size expression
+``max_block_depth``        64           nesting of blocks: a block's parent chain
+                                        (block 0 is at depth 0, its sub-blocks at 1)
+``max_places``             64           places of one ``parallel_do`` op (a thread each)
 =========================  ===========  ============================================
 
 Raise one for a process with the environment variable ``SSAEXEC_<NAME>``
@@ -22,12 +26,20 @@ Raise one for a process with the environment variable ``SSAEXEC_<NAME>``
 import, or in Python with ``set_limits(max_tensor_elements=2**33)`` (returns the
 previous values) or the context manager ``limits(...)``. The defaults are far
 above real models: 2**31 elements is an 8 GiB float32 tensor.
+
+``max_tensor_elements`` also holds at run time, where a size depends on the
+batch: a synthetic batch is refused before it is drawn, and a hand-written op's
+result is checked when it is stored (``check_result``), so no value over the
+limit ever reaches the next op. ``max_block_depth`` keeps every recursive walk
+over blocks (validation, graph building, running sub-blocks) far from Python's
+recursion limit: the readers and ``validate_program`` refuse deeper programs.
 """
 
 import contextlib
 import os
 
-__all__ = ["DEFAULTS", "get_limit", "set_limits", "limits", "shape_problem", "numel_problem"]
+__all__ = ["DEFAULTS", "get_limit", "set_limits", "limits", "shape_problem", "numel_problem",
+           "depth_problem", "check_result"]
 
 DEFAULTS = {
     "max_tensor_elements": 2 ** 31,
@@ -35,6 +47,8 @@ DEFAULTS = {
     "max_int_digits": 40,
     "max_nesting": 64,
     "max_expr_chars": 1000,
+    "max_block_depth": 64,
+    "max_places": 64,
 }
 
 
@@ -111,11 +125,37 @@ def numel_problem(numel, what):
             f"({_hint('max_tensor_elements')})")
 
 
+def depth_problem(depth, what):
+    """A message when block ``what`` at nesting ``depth`` is deeper than ``max_block_depth``."""
+    if depth <= _LIMITS["max_block_depth"]:
+        return None
+    return (f"{what} is nested {depth} blocks deep, deeper than a program may nest "
+            f"({_hint('max_block_depth')})")
+
+
+def check_result(t, name, label):
+    """``t`` when it fits ``max_tensor_elements``; ``ProgramError`` naming var ``name`` if not.
+
+    For results whose size no static check bounds (a var declared without a shape,
+    or with -1 dims that a batch-dependent op multiplies): checked where an op's
+    result is stored, so an oversized value never reaches the next op.
+    """
+    # numel() of a tensor is one C call: cheap enough to run on every stored result
+    numel = getattr(t, "numel", None)
+    if numel is not None and numel() > _LIMITS["max_tensor_elements"]:
+        from .errors import ProgramError
+        raise ProgramError(numel_problem(numel(), f"var {name!r} (shape {_short(list(t.shape))}"
+                                                  f", made by {label})"))
+    return t
+
+
 def shape_problem(shape, what="the shape"):
     """A message when declared ``shape`` is malformed or too big, else None.
 
     A declared shape is a list of dims, each -1 (any size: the batch) or >= 0;
-    its element count, with -1 counted as 1, must not exceed ``max_tensor_elements``.
+    its element count, with -1 and 0 counted as 1, must not exceed
+    ``max_tensor_elements``. An empty shape is bounded too: torch computes its
+    strides from the other dims, and ``[0, 2**62, 2**62]`` overflows them.
     """
     if shape is None:
         return None
@@ -123,12 +163,13 @@ def shape_problem(shape, what="the shape"):
         if d < -1:
             return f"{what} {_short(shape)} has dimension {_short_int(d)}; dims are -1 (any " \
                    "size) or >= 0"
-    if 0 in shape:
-        return None
     numel = 1
     for d in shape:
         numel *= max(d, 1)
         if numel > _LIMITS["max_tensor_elements"]:  # stop early: the product can be huge
+            if 0 in shape:
+                return numel_problem(numel, f"{what} {_short(shape)} is empty, but its other "
+                                            "dims would size one that")
             return numel_problem(numel, f"{what} {_short(shape)}")
     return None
 

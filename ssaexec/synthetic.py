@@ -14,8 +14,9 @@ global random stream.
 
 import torch
 
-from .errors import FeedError
 from .dtypes import torch_dtype
+from .errors import FeedError
+from .limits import shape_problem
 
 __all__ = ["infer_classes", "synthetic_feed", "learnable_dataset", "random_batch"]
 
@@ -44,7 +45,9 @@ def synthetic_feed(program, batch, seed=0, classes=None):
     """One batch of synthetic data for every data var the program reads.
 
     Floats ~ N(0, 1), integers uniform in [0, classes) (``infer_classes``,
-    else 2), bools uniform; a leading -1 dim becomes ``batch``.
+    else 2), bools uniform; a leading -1 dim becomes ``batch``. A batch over
+    ``max_tensor_elements`` (``ssaexec.limits``) is a ``FeedError`` before
+    anything is allocated: the program file chose the other dims.
     """
     gen = torch.Generator().manual_seed(seed)
     read = {n for op in program.global_block().ops for n in op.input_names()}
@@ -59,6 +62,10 @@ def synthetic_feed(program, batch, seed=0, classes=None):
         if any(d < 0 for d in shape):
             raise FeedError(f"data var {var.name!r} has shape {var.shape}: only the first dim "
                             "may be -1 for synthetic data (pass --feed FILE.npz)")
+        # the declared shape passed with -1 counted as 1; the batch multiplies it
+        problem = shape_problem(shape, f"the synthetic batch of data var {var.name!r}: shape")
+        if problem:
+            raise FeedError(f"{problem}; or lower --batch")
         dtype = torch_dtype(var.dtype)
         if dtype.is_floating_point:
             feed[var.name] = torch.randn(shape, generator=gen).to(dtype)

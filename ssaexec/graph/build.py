@@ -28,6 +28,7 @@ of their sub-blocks (names declared outside the sub-block).
 
 from ..errors import GraphError, ProgramError
 from ..dtypes import torch_dtype
+from ..limits import depth_problem
 from ..program.desc import EMPTY_VAR, OpDesc, Program
 from ..place import Place
 from ..strategy import BuildStrategy
@@ -42,6 +43,11 @@ __all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners"]
 def _sub_block_io(program, idx, reads, writes, seen, local=frozenset()):
     if idx in seen:
         raise ProgramError(f"sub-block {idx} refers back to itself")
+    # ``seen`` holds block 0 and the chain down to here: its size is the nesting, which
+    # validation bounds; this bounds the recursion of programs built without it
+    problem = depth_problem(len(seen), f"sub-block {idx}")
+    if problem:
+        raise ProgramError(problem)
     seen = seen | {idx}
     block = program.block(idx)
     # Names declared in this block or in an enclosing sub-block are not visible to

@@ -49,6 +49,13 @@ inference runs factory ops on the meta device and refuses outputs above
 ``max_tensor_elements``, and at run time the size arguments computed from size
 expressions are checked before the kernel allocates.
 
+Kernel guards (``ssaexec.ops.guards``). Some kernels trust their arguments: index
+values, the shapes of statistics, sizes and strides. ``aten_op_def`` binds such an
+overload behind its guard (a ``GuardedOverload``, called like the ``OpOverload``),
+and ``OpDef.overload`` holds what both execution paths call, so no path reaches
+the bare kernel. Shape and size guards also run in shape inference, on meta
+tensors: a program that breaks them fails validation.
+
 Kernel policy (see ``ssaexec.ops.registry``): results never share storage with
 an input or with each other. ATen view ops (``view``, ``t``, ``expand`` ...)
 return aliases; an alias of a parameter would see the optimizer's in-place
@@ -70,6 +77,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import ProgramError
 from ..limits import cap_sizes, get_limit, numel_problem
 from ..dtypes import DTYPES, dtype_name, torch_dtype
+from .guards import guarded
 from .policy import check_op_type
 from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, arg_kinds, resolve_overload
 from .registry import REQUIRED, OpDef, register_family, register_op, unaliased
@@ -333,11 +341,17 @@ def aten_op_def(type):
     kinds = arg_kinds(overload)
     attrs = {a.name: ("any", _json_default(a)) for a in schema.arguments}
     attrs[SYM_ATTR] = ("any", None)
-    kernel = _make_kernel(type, overload, kinds)
+    # The overload behind its guard when its kernel trusts its arguments (ssaexec.ops.guards);
+    # both execution paths call what op_def.overload holds.
+    call = guarded(type, overload)
+    kernel = _make_kernel(type, call, kinds)
     op_def = OpDef(type, ["X*"], ["Out*"], attrs, kernel, infer=_make_infer(kernel), grad=None,
                    is_random=torch.Tag.nondeterministic_seeded in overload.tags,
                    doc=f"ATen {schema}")
-    op_def.overload = overload
+    op_def.overload = call
+    if call is not overload:  # for programs built in this process (ProgramDesc.trusted)
+        op_def.bare_overload = overload
+        op_def.bare_kernel = _make_kernel(type, overload, kinds)
     # view ops and ops that may return an input (schema alias annotations, Tensor(a))
     op_def.may_alias = any(r.alias_info is not None for r in schema.returns)
     _DEFS[type] = op_def

@@ -29,14 +29,24 @@ parameters are never copied back.
 
 Places travel as strings in the ``places`` attribute: ``cpu:I``, ``cuda:I`` or
 ``cuda:I/D`` (place ``I`` on device ``D``, several places sharing one GPU).
+
+Places come from the program file, which is untrusted (docs/security.md), and each
+is a thread. So a file may name only places of the executor's device, the device
+of the place the op runs on (a CPU executor: ``cpu:I``; one on GPU ``D``:
+``cuda:I/D``, never a GPU the user did not choose), and at most ``max_places``
+(``ssaexec.limits``) of them, nested ``parallel_do`` ops counted together (their
+places multiply). Validation checks the form and the count; the kernel checks all
+of it again, before any thread starts.
 """
 
 import torch
 
+from ..errors import ProgramError
+from ..limits import get_limit
 from ..place import CPUPlace, CUDAPlace
 from .registry import get_op_def, register_grad, register_op
 
-__all__ = ["places_attr", "attr_places", "split_rows", "split_sizes"]
+__all__ = ["places_attr", "attr_places", "places_problem", "split_rows", "split_sizes"]
 
 _ATTRS = {"sub_block": ("block", None), "places": ("strs", []), "saved": ("strs", []),
           "stacked": ("strs", []), "prefetched": ("strs", [])}
@@ -68,6 +78,43 @@ def attr_places(strs):
         raise ValueError("parallel_do needs at least one place")
     if len(set(places)) != len(places):
         raise ValueError(f"parallel_do places must be distinct, got {list(strs)}")
+    return places
+
+
+def places_problem(attrs):
+    """A message when the ``places`` attribute is malformed or names too many places."""
+    strs = attrs.get("places") or []
+    limit = get_limit("max_places")
+    if len(strs) > limit:
+        return (f"parallel_do names {len(strs)} places, more than the {limit} a program may "
+                "run one op on (the limit max_places; raise it with SSAEXEC_MAX_PLACES=N "
+                "or ssaexec.limits.set_limits(max_places=N) if the program is trusted)")
+    try:
+        attr_places(strs)
+    except ValueError as e:
+        return f"attribute 'places': {e}"
+    return None
+
+
+def _run_places(attrs, ctx):
+    """The op's places, checked against the executor it runs in (module docstring)."""
+    problem = places_problem(attrs)
+    if problem:
+        raise ProgramError(problem)
+    places = attr_places(attrs["places"])
+    # places of enclosing parallel_do runs multiply: each of theirs runs this op
+    outer = getattr(ctx.scope_of(), "fanout", 1) if ctx.scope_of is not None else 1
+    limit = get_limit("max_places")
+    if outer * len(places) > limit:
+        raise ProgramError(f"parallel_do inside parallel_do would run {outer} x {len(places)} "
+                           f"places at once, more than {limit} (the limit max_places)")
+    device = _device(ctx)
+    for p in places:
+        if p.device != device:
+            raise ProgramError(f"parallel_do place {str(p)!r} is on {p.device}, but the op "
+                               f"runs on {device}: a program may only use the device of the "
+                               "executor it runs in (choose places with --places or the "
+                               "executor's places)")
     return places
 
 
@@ -116,7 +163,7 @@ def _no_infer(ins, attrs):
 def parallel_do(ins, attrs, ctx):
     """Run ``sub_block`` on every place over its slice of Inputs; merge Outputs."""
     op = ctx.op
-    places = attr_places(attrs["places"])
+    places = _run_places(attrs, ctx)
     envs = _input_envs(op, ins, attrs, places)
     outs, saved = op.output("Outputs"), attrs["saved"]
     results = ctx.run_places(attrs["sub_block"].idx, envs, places, list(outs) + list(saved))
@@ -135,7 +182,7 @@ register_op("parallel_do", ["Inputs*", "Parameters*"], ["Outputs*", "Saved*!"], 
 def parallel_do_grad(ins, attrs, ctx):
     """Run the grad ``sub_block`` on every place; all-reduced Parameters@GRAD, Inputs@GRAD."""
     op = ctx.op
-    places = attr_places(attrs["places"])
+    places = _run_places(attrs, ctx)
     n = len(places)
     envs = _input_envs(op, ins, attrs, places)
     saved = attrs["saved"]
@@ -178,3 +225,4 @@ _grad_def = get_op_def("parallel_do_grad")
 _grad_def.is_control = True
 _grad_def.wants_mask = False
 _grad_def.doc = (parallel_do_grad.__doc__ or "").strip()
+get_op_def("parallel_do").check = _grad_def.check = places_problem

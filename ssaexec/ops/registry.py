@@ -110,7 +110,8 @@ class OpDef:
 
     __slots__ = ("type", "inputs", "outputs", "attrs", "kernel", "infer", "grad", "grad_uses",
                  "inplace", "is_grad", "forward_type", "wants_mask", "is_random", "is_control",
-                 "doc", "may_alias", "raw_kernel", "overload")
+                 "doc", "may_alias", "raw_kernel", "overload", "check", "bare_overload",
+                 "bare_kernel")
 
     def __init__(self, type, inputs, outputs, attrs, kernel, infer=None, grad="auto",
                  inplace=False, is_random=False, doc=""):
@@ -136,7 +137,27 @@ class OpDef:
         # (graph.aliasing); ``kernel`` itself always returns fresh tensors.
         self.may_alias = False
         self.raw_kernel = kernel
-        self.overload = None  # the torch OpOverload of an ATen op
+        # what an ATen op calls: its torch OpOverload, or that behind its guard (ops.guards)
+        self.overload = None
+        # a guarded ATen op also keeps the bare overload and a kernel that calls it, for
+        # programs ssaexec built in this process (ProgramDesc.trusted): kernel_for/overload_for
+        self.bare_overload = None
+        self.bare_kernel = None
+        # check(attrs) -> message or None: what an op's attributes must satisfy beyond
+        # their types (validation calls it; parallel_do bounds its places)
+        self.check = None
+
+    def kernel_for(self, program):
+        """``kernel``; ``bare_kernel`` (no guard) when ``program.trusted``."""
+        if self.bare_kernel is not None and getattr(program, "trusted", False):
+            return self.bare_kernel
+        return self.kernel
+
+    def overload_for(self, program):
+        """``overload``; ``bare_overload`` (no guard) when ``program.trusted``."""
+        if self.bare_overload is not None and getattr(program, "trusted", False):
+            return self.bare_overload
+        return self.overload
 
     def input_slot(self, name):
         for s in self.inputs:

@@ -12,6 +12,7 @@ its ops refer to, into another program, renumbering the ``BlockRef`` attributes;
 import copy
 
 from ..errors import ProgramError
+from ..limits import depth_problem
 from .builder import default_main_program
 from .desc import EMPTY_VAR, BlockRef
 
@@ -57,7 +58,11 @@ def outer_io(program, block):
     """
     reads, writes = {}, {}
 
-    def walk(b, local):
+    def walk(b, local, depth):
+        # validation bounds the nesting; this bounds programs built without it
+        problem = depth_problem(depth, f"sub-block {b.idx}")
+        if problem:
+            raise ProgramError(problem)
         local = local | set(b.vars)
         for op in b.ops:
             for n in op.input_names():
@@ -67,9 +72,9 @@ def outer_io(program, block):
                 if n not in local:
                     writes.setdefault(n, None)
             for sub in op.sub_blocks():
-                walk(program.block(sub), local)
+                walk(program.block(sub), local, depth + 1)
 
-    walk(block, frozenset())
+    walk(block, frozenset(), 1)
     return list(reads), list(writes)
 
 

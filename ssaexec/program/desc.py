@@ -140,9 +140,12 @@ class OpDesc:
 
     ``role_var`` holds (parameter, gradient) pairs on the ops that produce a
     parameter's final gradient; the graph builder puts an all-reduce after them.
+    ``pos`` is ``(source, line, column)`` of the op in the file it was read from
+    (None for ops built in Python): validation errors name it. It is no part of
+    the op's value (equality, the saved forms).
     """
 
-    __slots__ = ("type", "inputs", "outputs", "attrs", "role", "role_var")
+    __slots__ = ("type", "inputs", "outputs", "attrs", "role", "role_var", "pos")
 
     def __init__(self, type, inputs=None, outputs=None, attrs=None, role="forward",
                  role_var=None):
@@ -154,6 +157,7 @@ class OpDesc:
         self.attrs = {k: normalize_attr(v) for k, v in (attrs or {}).items()}
         self.role = role
         self.role_var = [tuple(p) for p in (role_var or [])]
+        self.pos = None
 
     def input(self, slot):
         """Var names in input slot ``slot`` (empty list when absent)."""
@@ -371,14 +375,21 @@ class ProgramDesc:
 
     ``print(program)`` shows the text form; ``se.save_program`` writes JSON or
     text; ``validate()`` checks it and raises ``ProgramError`` naming the culprit.
+
+    ``trusted`` is True only for a program ssaexec built in this process from the
+    caller's own Python objects (``se.from_torch``); its ATen ops then skip the
+    kernel guards (``ssaexec.ops.guards``), which cost time at run time. It is
+    never read from a file, and copies keep it: a program file, or anything read
+    from one (Paddle's too), runs guarded.
     """
 
-    __slots__ = ("blocks", "random_seed", "_version", "_name_counts", "_current_block",
-                 "__weakref__")
+    __slots__ = ("blocks", "random_seed", "trusted", "_version", "_name_counts",
+                 "_current_block", "__weakref__")
 
     def __init__(self, random_seed=0):
         self.blocks = []
         self.random_seed = int(random_seed)
+        self.trusted = False
         self._version = 0
         self._name_counts = {}
         self._current_block = 0
@@ -437,6 +448,7 @@ class ProgramDesc:
         applies the registered test rewrites (``register_test_rewrite``: imported batch
         norm on running statistics, imported dropout off)."""
         new = ProgramDesc(self.random_seed)
+        new.trusted = self.trusted
         new.blocks = []
         for b in self.blocks:
             nb = BlockDesc(new, b.idx, b.parent_idx)

@@ -25,9 +25,12 @@ Policy and invariants:
   problem raises ``ProgramError`` naming the source and where: ``LINE:COL`` for
   bad JSON, ``LINE:COL`` plus the JSON path (``blocks[0].ops[3].inputs``) for a
   structural error. Nothing is ever executed while reading (no pickle, no eval).
+  ``from_json`` gives every op its position (``OpDesc.pos``), so that validation
+  errors name ``FILE:LINE:COL`` too.
 * Reading is bounded, because files are untrusted (docs/security.md): nesting
   deeper than ``max_nesting``, integers longer than ``max_int_digits`` digits,
-  ``NaN``/``Infinity`` literals, duplicate keys and strings holding unpaired
+  ``NaN``/``Infinity`` literals, numbers that overflow a float (``1e999``),
+  blocks nested deeper than ``max_block_depth``, duplicate keys and strings holding unpaired
   surrogates are errors with their position; so are declared shapes above
   ``max_tensor_elements`` and ops the operator policy refuses
   (``ssaexec.ops.policy``), before anything else looks at the program.
@@ -40,7 +43,7 @@ import math
 import re
 
 from ..errors import ProgramError
-from ..limits import get_limit, shape_problem
+from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
 
@@ -248,11 +251,13 @@ def from_json(text, source="<string>"):
         raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
     try:
         _check_values(d, [])
-        return _decode_program(d)
+        program = _decode_program(d)
     except _Malformed as e:
         line, col = _locate(text, e.path)
         raise ProgramError(f"{source}:{line}:{col}: {_format_path(e.path)}: {e.message}") \
             from None
+    _set_op_positions(program, text, source)
+    return program
 
 
 def _is_int(v):
@@ -305,6 +310,19 @@ def _parse_int(text):
     return int(text)
 
 
+def _parse_float(text):
+    value = float(text)
+    if math.isinf(value):  # 1e999 would silently become inf
+        return _BadLiteral(text, f"the number {_short_literal(text)} is out of range (it "
+                                 "overflows a float); write a non-finite float as "
+                                 '{"float": "inf" | "-inf"}')
+    return value
+
+
+def _short_literal(text):
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _parse_constant(text):
     return _BadLiteral(text, f"{text} is not standard JSON; write a non-finite float as "
                              '{"float": "inf" | "-inf" | "nan"}')
@@ -327,8 +345,8 @@ def _object_pairs(pairs):
     return d
 
 
-_READER = json.JSONDecoder(parse_int=_parse_int, parse_constant=_parse_constant,
-                           object_pairs_hook=_object_pairs)
+_READER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
+                           parse_constant=_parse_constant, object_pairs_hook=_object_pairs)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -416,14 +434,15 @@ def _decode_program(d):
 
     program = ProgramDesc(d["random_seed"])
     program.blocks = []
+    depths = []  # per block: how deep it nests (block 0: 0)
     for i, bd in enumerate(blocks):
-        program.blocks.append(_decode_block(program, bd, ["blocks", i], i))
+        program.blocks.append(_decode_block(program, bd, ["blocks", i], i, depths))
     program._name_counts = dict(counts)
     program._version = 0
     return program
 
 
-def _decode_block(program, bd, path, i):
+def _decode_block(program, bd, path, i, depths):
     _object(bd, path, _BLOCK_KEYS)
     _expect(_is_int(bd["idx"]) and bd["idx"] == i, path + ["idx"], f"the integer {i}",
             bd["idx"])
@@ -432,6 +451,11 @@ def _decode_block(program, bd, path, i):
     ok = _is_int(parent) and (parent == -1 if i == 0 else -1 <= parent < i)
     _expect(ok, path + ["parent_idx"],
             "-1" if i == 0 else f"an integer from -1 to {i - 1} (an earlier block)", parent)
+    # the nesting bound, before anything walks the blocks recursively
+    depths.append(0 if parent < 0 else depths[parent] + 1)
+    problem = depth_problem(depths[i], f"block {i}")
+    if problem:
+        raise _Malformed(path + ["parent_idx"], problem)
     block = BlockDesc(program, i, parent)
     _expect(isinstance(bd["vars"], list), path + ["vars"], "an array", bd["vars"])
     for j, vd in enumerate(bd["vars"]):
@@ -519,6 +543,53 @@ def _decode_attr(value, path):
 
 
 # --- error locations ------------------------------------------------------------------------
+def _set_op_positions(program, text, source):
+    """Give every op its ``pos`` (source, line, column) in ``text``, for validation errors.
+
+    One scan of the strings and brackets (the nesting scan's tokens) finds the
+    object of every ``blocks[i].ops[j]``: the structure was checked, so the last
+    string before a container's bracket is its key. An op whose position the scan
+    cannot pin (a key spelled with escapes) keeps ``pos = None``.
+    """
+    offsets = []  # per block, the offset of each op's '{'
+    stack = []  # per open container: [role, last string directly inside it]
+    for m in _NESTING.finditer(text):
+        c = m.group()[0]
+        if c == '"':
+            if stack:
+                stack[-1][1] = m.group()
+            continue
+        if c in "]}":
+            stack.pop()
+            continue
+        role, key = stack[-1] if stack else ("top", None)
+        new = "other"
+        if role == "top":
+            new = "root"
+        elif role == "root" and key == '"blocks"':
+            new = "blocks"
+        elif role == "blocks":
+            new = "block"
+            offsets.append([])
+        elif role == "block" and key == '"ops"':
+            new = "ops"
+        elif role == "ops":
+            offsets[-1].append(m.start())
+        stack.append([new, None])
+    line, line_start, scanned = 1, 0, 0
+    for block, offs in zip(program.blocks, offsets, strict=False):
+        if len(offs) != len(block.ops):
+            continue
+        for op, off in zip(block.ops, offs, strict=True):
+            # offsets only grow: count the newlines since the last one, linear overall
+            n = text.count("\n", scanned, off)
+            if n:
+                line += n
+                line_start = text.rfind("\n", scanned, off) + 1
+            scanned = off
+            op.pos = (source, line, off - line_start + 1)
+
+
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = _READER  # skips values the way they were read (long integers included)
 

@@ -37,11 +37,14 @@ they round-trip bit for bit; ints and floats stay distinct because a float
 always prints with ``.``, ``e``, ``inf`` or ``nan``). The parser is a regex
 tokenizer plus recursive descent; every syntax error raises ``ProgramError``
 ``"SOURCE:LINE:COL: expected ..., found ..."``. Nothing is ever evaluated.
+Every op keeps the position of its first token (``OpDesc.pos``), so that
+validation errors name ``SOURCE:LINE:COL`` too.
 
 Reading is bounded, because files are untrusted (docs/security.md): brackets
 nested deeper than ``max_nesting``, integers longer than ``max_int_digits``
-digits, repeated keys (slots, attributes, name counts) and strings holding
-unpaired surrogates are errors at their line and column; so are declared
+digits, numbers that overflow a float (``1e999``), blocks nested deeper than
+``max_block_depth``, repeated keys (slots, attributes, name counts) and strings
+holding unpaired surrogates are errors at their line and column; so are declared
 shapes above ``max_tensor_elements`` and ops the operator policy refuses
 (``ssaexec.ops.policy``).
 
@@ -53,7 +56,7 @@ import math
 import re
 
 from ..errors import ProgramError
-from ..limits import get_limit, shape_problem
+from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
 from .serialize import VERSION
@@ -251,13 +254,14 @@ def program_from_text(text, source="<string>"):
 class _Parser:
     """Recursive descent over the token list; ``depth`` > 0 means newlines are blanks."""
 
-    __slots__ = ("source", "tokens", "pos", "depth")
+    __slots__ = ("source", "tokens", "pos", "depth", "depths")
 
     def __init__(self, text, source):
         self.source = source
         self.tokens = _tokenize(text, source)
         self.pos = 0
         self.depth = 0
+        self.depths = []  # per block read so far: how deep it nests (block 0: 0)
 
     # -- token helpers
     def peek(self):
@@ -394,6 +398,11 @@ class _Parser:
         if not (parent == -1 if idx == 0 else -1 <= parent < idx):
             self.expected("-1 (block 0 has no parent)" if idx == 0 else
                           f"a parent index from -1 to {idx - 1} (an earlier block)", tok)
+        # the nesting bound, before anything walks the blocks recursively
+        self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        problem = depth_problem(self.depths[idx], f"block {idx}")
+        if problem:
+            self.fail(tok, problem)
         self.expect("PUNCT", "{")
         self.end_of_line()
         block = BlockDesc(program, idx, parent)
@@ -506,9 +515,11 @@ class _Parser:
                 return param, self.name("a gradient name")
             role_var = self.comma_list("]", pair, "a 'param -> grad' pair")
         try:
-            return OpDesc(op_type, inputs, outputs, attrs, role, role_var)
+            op = OpDesc(op_type, inputs, outputs, attrs, role, role_var)
         except ProgramError as e:  # pragma: no cover - the grammar already rules these out
             self.fail(first, str(e))
+        op.pos = (self.source, first.line, first.col)  # for validation errors
+        return op
 
     def value(self):
         tok = self.peek()
@@ -532,8 +543,15 @@ class _Parser:
             if _INT.match(word):
                 self.advance()
                 return self.to_int(tok)
-            if word in _NONFINITE or _FLOAT.match(word):
+            if word in _NONFINITE:
                 self.advance()
-                return _NONFINITE.get(word) or float(word)
+                return _NONFINITE[word]
+            if _FLOAT.match(word):
+                value = float(word)
+                if math.isinf(value):  # 1e999 would silently become inf
+                    self.fail(tok, f"the number {_clip(word)} is out of range (it overflows "
+                                   "a float); write inf or -inf for an infinite value")
+                self.advance()
+                return value
         self.expected("an attribute value (number, true, false, null, \"string\", [list] or "
                       "block(N))")

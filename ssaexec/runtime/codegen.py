@@ -39,7 +39,7 @@ import linecache
 import torch
 
 from ..errors import OpError, SSAExecError
-from ..limits import cap_sizes
+from ..limits import _LIMITS, cap_sizes, check_result
 from ..ops import aten as _aten
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
@@ -167,7 +167,8 @@ class _Emitter:
         self.scope_of = scope_of
         self.program = program
         self.ns = {"_full": torch.full, "_Unbound": _Unbound, "_flat": _flat,
-                   "_fresh": _fresh(counter)}
+                   "_fresh": _fresh(counter), "_LIMITS": _LIMITS,
+                   "_check_result": check_result}
         self.body = []
         self.lines = {}
         self.local = {}      # id(VarHandle) -> local name
@@ -232,7 +233,7 @@ def _memo_size_list(items, names, op_type):
 def _aten_expr(em, handle, xs, attrs):
     """``overload(args...)`` source for an ATen op with inputs ``xs`` (local names)."""
     op_def = get_op_def(handle.op.type)
-    overload = op_def.overload
+    overload = op_def.overload_for(em.program)  # a program file's ATen ops run guarded
     compiled = _aten.CompiledCall(handle.op.type, _aten.arg_kinds(overload), attrs)  # validates
     env = None
     names = tuple(s for s, _, _ in compiled.binds)
@@ -359,13 +360,22 @@ def _load(em, v, h):
     return n
 
 
-def _bind(em, v, src_name, plan, h, check_none=False, inputs=None):
-    """Bind output version ``v`` (local ``src_name`` already holds it); copy/store as planned."""
+def _bind(em, v, src_name, plan, h, check_none=False, inputs=None, cap=False):
+    """Bind output version ``v`` (local ``src_name`` already holds it); copy/store as planned.
+
+    ``cap``: check the result against ``max_tensor_elements`` (``limits.check_result``):
+    a hand-written op's result size is bounded by no check before its kernel.
+    """
     n = em.name_of(v)
     if src_name != n:
         em.emit(f"{n} = {src_name}", h)
     if check_none:
         em.emit(f"if {n} is None: raise _Unbound({v.name!r}, 'returned None')", h)
+    if cap:
+        # inline compare, call only when over: the hot path pays one numel() per result
+        label = f"op #{h.op_index} '{h.op.type}' on {em.place}"
+        em.emit(f"if {n}.numel() > _LIMITS['max_tensor_elements']: "
+                f"_check_result({n}, {v.name!r}, {label!r})", h)
     if id(v) in plan.copy and inputs:
         em.emit(f"{n} = _fresh({n}, ({', '.join(inputs)},))", h)
     if id(v) in plan.export:
@@ -487,7 +497,7 @@ def _(h: ComputationOpHandle, em, plan):
             src = f"_o[{s.name!r}][{j}]" if s.duplicable else f"_o[{s.name!r}]"
             if move:
                 src = f"{src}.to({dev})"
-            _bind(em, v, src, plan, h, check_none=True, inputs=inputs)
+            _bind(em, v, src, plan, h, check_none=True, inputs=inputs, cap=True)
     return 1
 
 
@@ -526,7 +536,7 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
             if name == EMPTY_VAR or v is None:
                 continue
             src = f"_o[{s.name!r}][{j}]" if s.duplicable else f"_o[{s.name!r}]"
-            _bind(em, v, src, plan, h, check_none=True)
+            _bind(em, v, src, plan, h, check_none=True, cap=True)
     return 1
 
 

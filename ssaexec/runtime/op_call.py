@@ -9,7 +9,8 @@ naming the op, its index, the place and the input shapes, with the cause chained
 
 import torch
 
-from ..errors import OpError, SSAExecError
+from ..errors import OpError, ProgramError, SSAExecError
+from ..limits import check_result, depth_problem
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR
 from .rng import needs_step_seed, op_seed, seeded
@@ -45,10 +46,14 @@ class BlockContext:
 
 class _EnvScope:
     # A scope view for sub-blocks: reads env first, then the outer scope; writes env.
-    __slots__ = ("env", "outer")
+    # ``depth``: how many sub-block runs it is nested in (bounded by max_block_depth).
+    # ``fanout``: places running side by side (enclosing parallel_do runs).
+    __slots__ = ("env", "outer", "depth", "fanout")
 
     def __init__(self, env, outer):
         self.env, self.outer = env, outer
+        self.depth = getattr(outer, "depth", 0) + 1
+        self.fanout = getattr(outer, "fanout", 1)
 
     def find_var(self, name):
         t = self.env.get(name)
@@ -74,7 +79,7 @@ class OpCall:
         self.out_slots = tuple((s.name, tuple(op.output(s.name)), s.duplicable)
                                for s in od.outputs if s.name in op.outputs)
         self.wanted = {s: [n != EMPTY_VAR for n in names] for s, names, _ in self.out_slots}
-        self.kernel = od.kernel
+        self.kernel = od.kernel_for(program)  # a program file's ATen ops run guarded
         self.mode = "control" if od.is_control else ("grad" if od.wants_mask else "plain")
         # ops with no tensor inputs build on the CPU; move results to the place
         self.creates = not any(names for _, names, _ in self.in_slots)
@@ -130,20 +135,29 @@ class OpCall:
                           "-> tensor)", self.op.type, place)
         setv = scope.set_var
         move = self.creates and self.device is not None and self.device.type != "cpu"
+        label = self.label if place is None else f"{self.label} on {place}"
         for slot, names, dup in self.out_slots:
             val = outs.get(slot)
             if val is None:
                 continue
+            # sizes no static check bounded (no declared shape, -1 dims a batch-dependent
+            # op multiplies) are bounded here, before the value reaches the next op
             if dup:
                 for n, v in zip(names, val, strict=True):
                     if n != EMPTY_VAR and v is not None:
-                        setv(n, v.to(self.device) if move else v)
+                        setv(n, check_result(v.to(self.device) if move else v, n, label))
             elif names[0] != EMPTY_VAR:
-                setv(names[0], val.to(self.device) if move else val)
+                setv(names[0], check_result(val.to(self.device) if move else val, names[0],
+                                            label))
 
     def _run_block(self, idx, env, scope, place):
         block = self.program.block(idx)
         view = _EnvScope(env, scope)
+        # validation bounds the nesting; this bounds the recursion of programs run
+        # without it (each level is a few Python frames)
+        problem = depth_problem(view.depth, f"sub-block {idx} of {self.label}")
+        if problem:
+            raise ProgramError(problem)
         for i, op in enumerate(block.ops):
             OpCall(op, i, self.program, self.device).run(view, place)
         return env

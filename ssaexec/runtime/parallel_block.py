@@ -29,7 +29,9 @@ import copy
 import threading
 import weakref
 
+from ..errors import ProgramError
 from ..graph.build import build_ssa_graph
+from ..limits import depth_problem
 from ..program.desc import Program
 from ..strategy import BuildStrategy
 from .collective import LocalCollective
@@ -41,14 +43,21 @@ __all__ = ["run_places", "flat_program"]
 
 
 class _PlaceScope(Scope):
-    """One place's scope for a run: its own values, then the op's scope."""
+    """One place's scope for a run: its own values, then the op's scope.
 
-    __slots__ = ("outer",)
+    ``depth`` counts the sub-block runs it is nested in and ``fanout`` the places
+    running side by side at this level (the product over the enclosing
+    ``parallel_do`` runs): the op checks both against ``ssaexec.limits``.
+    """
 
-    def __init__(self, env, outer):
+    __slots__ = ("outer", "depth", "fanout")
+
+    def __init__(self, env, outer, n_places=1):
         super().__init__()
         self.vars = env
         self.outer = outer
+        self.depth = getattr(outer, "depth", 0) + 1
+        self.fanout = getattr(outer, "fanout", 1) * n_places
 
     def find_var(self, name):
         t = self.vars.get(name)
@@ -69,6 +78,7 @@ def flat_program(program, idx, keep=()):
         chain.append(block)
         block = block.parent
     flat = Program(program.random_seed)
+    flat.trusted = program.trusted
     top = flat.global_block()
     for b in reversed(chain):
         for v in b.vars.values():
@@ -98,7 +108,7 @@ class _Engine:
 
     def run(self, envs, outer, keep):
         with self.lock:
-            scopes = [_PlaceScope(dict(env), outer) for env in envs]
+            scopes = [_PlaceScope(dict(env), outer, len(envs)) for env in envs]
             self.runner.bind_scopes(scopes)
             scheduler = Scheduler(len(self.places), name="ssaexec-parallel-do")
             self.runner.scheduler = scheduler
@@ -141,6 +151,10 @@ def run_places(program, idx, envs, places, keep, outer, outer_place=None):
         Per place, name -> value for the names in ``keep`` (None when not made).
     """
     keep = tuple(keep)
+    # validation bounds the nesting; this bounds programs run without it
+    problem = depth_problem(getattr(outer, "depth", 0) + 1, f"sub-block {idx} of parallel_do")
+    if problem:
+        raise ProgramError(problem)
     key = (program._version, idx, tuple(str(p) for p in places), keep, str(outer_place))
     with _ENGINES_LOCK:
         per_program = _ENGINES.setdefault(program, {})
