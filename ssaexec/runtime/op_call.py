@@ -10,7 +10,7 @@ naming the op, its index, the place and the input shapes, with the cause chained
 import torch
 
 from ..errors import OpError, ProgramError, SSAExecError
-from ..limits import check_result, depth_problem
+from ..limits import _LIMITS, check_result, depth_problem
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR
 from .rng import needs_step_seed, op_seed, seeded
@@ -135,20 +135,22 @@ class OpCall:
                           "-> tensor)", self.op.type, place)
         setv = scope.set_var
         move = self.creates and self.device is not None and self.device.type != "cpu"
-        label = self.label if place is None else f"{self.label} on {place}"
+        # sizes no static check bounded (no declared shape, -1 dims a batch-dependent op
+        # multiplies) are bounded here, before the value reaches the next op: one numel()
+        # per result on the hot path, the message only when over
+        limit = _LIMITS["max_tensor_elements"]
         for slot, names, dup in self.out_slots:
             val = outs.get(slot)
             if val is None:
                 continue
-            # sizes no static check bounded (no declared shape, -1 dims a batch-dependent
-            # op multiplies) are bounded here, before the value reaches the next op
-            if dup:
-                for n, v in zip(names, val, strict=True):
-                    if n != EMPTY_VAR and v is not None:
-                        setv(n, check_result(v.to(self.device) if move else v, n, label))
-            elif names[0] != EMPTY_VAR:
-                setv(names[0], check_result(val.to(self.device) if move else val, names[0],
-                                            label))
+            for n, v in (zip(names, val, strict=True) if dup else ((names[0], val),)):
+                if n == EMPTY_VAR or v is None:
+                    continue
+                if move:
+                    v = v.to(self.device)
+                if isinstance(v, torch.Tensor) and v.numel() > limit:
+                    check_result(v, n, self.label if place is None else f"{self.label} on {place}")
+                setv(n, v)
 
     def _run_block(self, idx, env, scope, place):
         block = self.program.block(idx)
