@@ -145,11 +145,13 @@ def test_imported_transformer_on_cuda_copies_nothing():
     model = nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
                           nn.Flatten(), nn.Linear(16 * 6, 5))
     x, y = torch.randn(4, 6, 16), torch.randint(0, 5, (4,))
-    main, startup, loss = se.from_torch(model, {"x": x, "target": y}, loss_fn=F.cross_entropy,
+    # feeds are bound by the forward's argument names: nn.Sequential's is ``input``
+    main, startup, loss = se.from_torch(model, {"input": x, "target": y},
+                                        loss_fn=F.cross_entropy,
                                         optimizer=se.optimizer.SGD(0.05))
     with se.ParallelExecutor(_places(1), main, startup, loss, scope=se.Scope()) as pe:
         for _ in range(3):
-            lv, = pe.run([loss], feed={"x": x, "target": y})
+            lv, = pe.run([loss], feed={"input": x, "target": y})
         runner = pe._runner((loss,))
         assert runner.clones == 0 and len(runner.segments) == 1
         assert torch.isfinite(lv)

@@ -25,9 +25,10 @@ An ATen op has two slots and one attribute per schema argument:
   int[], SymInt[], float[]     a list of the above
   ScalarType                   a dtype name (``"float32"``)
   Layout, MemoryFormat         ``"strided"``, ``"contiguous_format"`` ...
-  Device                       ``null``: the op runs where its place is; factory
-                               ops follow their first tensor input, or are built
-                               on the CPU and moved by the executor
+  Device                       ``null``: the op runs where its place is; an op
+                               with tensor inputs follows its first one, a factory
+                               op (none) is made on its place's device, which
+                               both execution paths pass as ``device``
   bool, str, None              as is
   ===========================  ===================================================
 
@@ -117,12 +118,17 @@ def is_ref(v):
 
 
 class CompiledCall:
-    """One op's attrs turned into a fast argument builder (cached per attrs dict)."""
+    """One op's attrs turned into a fast argument builder (cached per attrs dict).
 
-    __slots__ = ("attrs", "steps", "kw_steps", "binds", "has_device")
+    ``device`` is the place's device (None: not known, torch's default), passed as
+    the ``device`` argument of an op with no tensor input.
+    """
 
-    def __init__(self, op_type, kinds, attrs):
+    __slots__ = ("attrs", "device", "steps", "kw_steps", "binds", "has_device")
+
+    def __init__(self, op_type, kinds, attrs, device=None):
         self.attrs = attrs  # keeps id(attrs) from being reused while cached
+        self.device = device
         self.binds = []
         for entry in attrs.get(SYM_ATTR) or []:
             if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
@@ -154,7 +160,10 @@ class CompiledCall:
                 raise ProgramError(f"{where}: only a null generator is supported")
             return lambda xs, env: None
         if enc == "device":
-            return lambda xs, env: xs[0].device if xs else None
+            # made where the op runs: with its inputs, or (a factory op) on the place's
+            # device, never on the CPU for a copy to follow (the policy keeps the value null)
+            device = self.device
+            return lambda xs, env: xs[0].device if xs else device
         if enc == "dtype":
             if value is None:
                 return lambda xs, env: None
@@ -244,10 +253,11 @@ def _fresh(outs, xs):
 def _make_kernel(op_type, overload, kinds):
     cache = {}  # id(attrs) -> CompiledCall; OpCall keeps one attrs dict per op
 
-    def kernel(ins, attrs):
+    def kernel(ins, attrs, device=None):
+        # device: the place's, for a factory op (runtime.op_call passes it)
         compiled = cache.get(id(attrs))
-        if compiled is None or compiled.attrs is not attrs:
-            compiled = CompiledCall(op_type, kinds, attrs)
+        if compiled is None or compiled.attrs is not attrs or compiled.device != device:
+            compiled = CompiledCall(op_type, kinds, attrs, device)
             if len(cache) > 4096:
                 cache.clear()
             cache[id(attrs)] = compiled

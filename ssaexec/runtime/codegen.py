@@ -260,7 +260,8 @@ def _aten_expr(em, handle, xs, attrs):
         if v is _aten.OMIT:
             continue
         if enc == "device":
-            src = f"{xs[0]}.device" if xs else "None"
+            # a factory op (no input) is made on the place's device, as in CompiledCall
+            src = f"{xs[0]}.device" if xs else em.const(em.device, "dev")
         elif enc == "dtype":
             src = "None" if v is None else em.const(torch_dtype(v), "dt")
         elif enc in ("layout", "memory_format"):

@@ -80,9 +80,18 @@ class OpCall:
                                for s in od.outputs if s.name in op.outputs)
         self.wanted = {s: [n != EMPTY_VAR for n in names] for s, names, _ in self.out_slots}
         self.kernel = od.kernel_for(program)  # a program file's ATen ops run guarded
-        self.mode = "control" if od.is_control else ("grad" if od.wants_mask else "plain")
-        # ops with no tensor inputs build on the CPU; move results to the place
-        self.creates = not any(names for _, names, _ in self.in_slots)
+        creates = not any(names for _, names, _ in self.in_slots)
+        if od.is_control:
+            self.mode = "control"
+        elif od.wants_mask:
+            self.mode = "grad"
+        elif creates and od.overload is not None:
+            self.mode = "factory"  # an ATen op with no tensor input: made on ``device``
+        else:
+            self.mode = "plain"
+        # a hand-written op with no tensor input (fill_constant, uniform_random ...) builds
+        # on the CPU, its kernel taking no device: its results are moved to the place
+        self.creates = creates and self.mode != "factory"
         self.program = program
         self.device = device
         self.label = f"op #{index} '{op.type}'" if index is not None else f"op '{op.type}'"
@@ -118,6 +127,8 @@ class OpCall:
         try:
             if self.mode == "plain":
                 outs = self.kernel(ins, self.attrs)
+            elif self.mode == "factory":
+                outs = self.kernel(ins, self.attrs, self.device)
             elif self.mode == "grad":
                 outs = self.kernel(ins, self.attrs, self.wanted)
             else:
