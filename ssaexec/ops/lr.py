@@ -66,7 +66,9 @@ def lr_schedule(ins, attrs):
             lr = torch.where(t >= b, v, lr)
     elif rule == "table":
         table = ins["Table"].to(torch.float64)
-        lr = base * table[torch.clamp(t, max=table.numel() - 1).to(torch.int64)]
+        # take, not table[t]: indexing with a 0-dim tensor reads it on the host (.item()),
+        # a sync every step on a GPU and a break in CUDA-graph capture
+        lr = base * torch.take(table, torch.clamp(t, max=table.numel() - 1).to(torch.int64))
     elif rule == "warmup":
         w = attrs["warmup_steps"]
         start, end = attrs["start_lr"], attrs["end_lr"]
