@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast bench fuzz install graphviz chromium clean
+.PHONY: demo test test-fast bench gpu-check fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -77,6 +77,13 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py
+
+# everything GPU-only (cuda tests, sanitizer, GPU benchmarks, a profiled step) in one report,
+# out/gpu_check/report.md and .json, in < 10 min on one H100; without a GPU it says so, exit 0.
+# GPU_CHECK_ARGS=--quick (or --only PART; --list names the parts)
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # the scaling simulator against measured CPU runs (docs/simulator.md): ~2 min
 validate-sim: $(STAMP)

@@ -1,0 +1,453 @@
+"""Everything GPU-only in one command: ``python bench/gpu_check.py`` (``make gpu-check``).
+
+Runs each part as its own subprocess (a crash or a hang ends that part, not the report),
+with a per-part timeout and an overall budget (default 570 s, so the whole check fits in
+10 minutes on one H100), prints progress lines on stderr and writes
+``out/gpu_check/report.md`` and ``report.json``: per part the command, exit status,
+seconds, the key figures parsed from the benchmark's JSON where it writes one, and the
+tail of its output when it failed. Full logs go to ``out/gpu_check/logs/<part>.log``.
+
+Parts (``--list`` prints them with their commands): the ``cuda``-marked tests; the
+stream tests (tests/test_cuda.py) again under ``TORCH_CUDA_SANITIZER=1``; the harness
+(bench/images_per_sec.py) paired against torch eager, with peak GPU memory, for ResNet-50
+b32 fp32 (program and from_torch), bf16, fp16 and with CUDA graphs, the transformer at
+b32x128 and b4x128, and 1 vs 2 places on one GPU; bench/dispatch_overhead.py --device
+cuda; a torch.profiler trace of one compiled step of a small from_torch model with the
+idle GPU time between kernels counted; bench/validate_sim.py (CPU places only: it has no
+GPU option).
+
+Without a GPU visible to torch it says so on one line, writes a small report and exits 0.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BUDGET = 570.0
+
+# --- the idle time between GPU kernels (pure; tested on CPU) ----------------------------------
+
+GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+
+
+def merge_intervals(intervals):
+    """The union of ``(start, end)`` intervals as sorted, disjoint intervals."""
+    merged = []
+    for start, end in sorted((float(s), float(e)) for s, e in intervals):
+        if end < start:
+            raise ValueError(f"interval ends before it starts: ({start}, {end})")
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1][1] = end
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def gpu_gaps(intervals):
+    """Busy and idle time of a device from its kernels' ``(start, end)`` intervals.
+
+    Kernels on several streams may overlap or nest, so the busy time is the length of
+    their union, and the idle time the sum of the holes between the union's pieces
+    (from the first kernel's start to the last one's end). Units are those of the input.
+    """
+    intervals = list(intervals)
+    merged = merge_intervals(intervals)
+    if not merged:
+        return {"kernels": 0, "busy": 0.0, "gaps": 0.0, "span": 0.0, "idle_fraction": None,
+                "max_gap": 0.0, "n_gaps": 0}
+    holes = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
+    busy = sum(e - s for s, e in merged)
+    span = merged[-1][1] - merged[0][0]
+    return {"kernels": len(intervals), "busy": busy, "gaps": sum(holes), "span": span,
+            "idle_fraction": (sum(holes) / span) if span > 0 else 0.0,
+            "max_gap": max(holes, default=0.0), "n_gaps": len(holes)}
+
+
+def kernel_intervals(trace):
+    """``(start, end)`` in microseconds of the GPU work (kernels, memcpy, memset) in a
+    Chrome trace as ``torch.profiler``'s ``export_chrome_trace`` writes it."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    out = []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        if str(ev.get("cat", "")).lower() in GPU_CATEGORIES:
+            ts, dur = float(ev["ts"]), float(ev["dur"])
+            out.append((ts, ts + dur))
+    return out
+
+
+# --- the profiler part (run as: bench/gpu_check.py --profile-step) ---------------------------
+
+def profile_step(device, warmup, json_path, trace_path):
+    """Profile one compiled step of a small from_torch CNN on one place of ``device``."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(REPO))
+    import ssaexec as se
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    feed = {"input": x, "target": y}
+    main, startup, loss = se.from_torch(model, feed, loss_fn=F.cross_entropy,
+                                        optimizer=se.optimizer.SGD(0.05))
+    places = se.cuda_places()[:1] if device == "cuda" else se.cpu_places(1)
+    if not places:
+        raise SystemExit(f"gpu-check --profile-step: no {device} place")
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with se.ParallelExecutor(places, main, startup, loss,
+                             exec_strategy=se.ExecutionStrategy(compiled=True),
+                             scope=se.Scope()) as pe:
+        for _ in range(warmup):
+            pe.run([loss], feed=feed)
+        sync()
+        with torch.profiler.profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            lv, = pe.run([loss], feed=feed)
+            sync()
+            step_us = (time.perf_counter() - t0) * 1e6
+    trace_path = Path(trace_path)
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace_path))
+    stats = gpu_gaps(kernel_intervals(json.loads(trace_path.read_text())))
+    result = {"device": device, "torch": torch.__version__, "warmup_steps": warmup,
+              "loss": float(lv), "step_us": step_us, "gpu_kernels": stats["kernels"],
+              "gpu_busy_us": stats["busy"], "gpu_idle_between_kernels_us": stats["gaps"],
+              "gpu_span_us": stats["span"], "idle_fraction": stats["idle_fraction"],
+              "max_gap_us": stats["max_gap"], "trace": str(trace_path)}
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(result, indent=1))
+    print(f"profile-step ({device}): {stats['kernels']} GPU kernels, busy "
+          f"{stats['busy']:.0f} us, idle between kernels {stats['gaps']:.0f} us of a "
+          f"{stats['span']:.0f} us span; step {step_us:.0f} us; trace {trace_path}")
+    return 0
+
+
+# --- the parts ------------------------------------------------------------------------------
+
+class Part:
+    def __init__(self, name, what, argv, timeout, env=None, json_path=None, kind=None):
+        self.name, self.what, self.argv, self.timeout = name, what, argv, timeout
+        self.env = env or {}
+        self.json_path, self.kind = json_path, kind
+
+    def command(self):
+        py = sys.executable
+        words = ["python" if w == py else w for w in self.argv]
+        env = " ".join(f"{k}={v}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(words)
+
+
+def parts(out, quick=False):
+    """The parts in the order they run (most important first)."""
+    py, out = sys.executable, Path(out)
+    bench = [py, "bench/images_per_sec.py", "--no-progress", "--plot", "none"]
+    short = ["--warmup", "2", "--steps", "3", "--repeats", "1"] if quick else []
+    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
+
+    def harness(name, what, args, timeout):
+        j = out / f"{name}.json"
+        return Part(name, what, bench + args + short + ["--json", str(j)], timeout,
+                    json_path=j, kind="bench")
+
+    resnet = ["--preset", "imagenet", "--places", "cuda:0"]
+    transformer = ["--model", "transformer", "--seq-len", "128", "--places", "cuda:0",
+                   "--modes", "ssaexec,torch-eager"]
+    dispatch_json = out / "dispatch_overhead.json"
+    profile_json = out / "profile_step.json"
+    sim_json = out / "validate_sim.json"
+    return [
+        Part("cuda-tests", "every test marked cuda", pytest + ["tests"], 240, kind="pytest"),
+        Part("stream-sanitizer", "the stream tests (tests/test_cuda.py) under torch's CUDA "
+             "sanitizer", pytest + ["tests/test_cuda.py"], 200,
+             env={"TORCH_CUDA_SANITIZER": "1"}, kind="pytest"),
+        harness("resnet50-fp32", "ResNet-50 224px b32 fp32: program and from_torch vs eager",
+                resnet + ["--modes", "ssaexec,ssaexec-from-torch,torch-eager",
+                          "--from-torch"], 150),
+        Part("profile-step", "torch.profiler trace of one compiled step, idle GPU time "
+             "between kernels", [py, "bench/gpu_check.py", "--profile-step", "--device",
+                                 "cuda", "--json", str(profile_json), "--trace",
+                                 str(out / "profile_step_trace.json")], 90,
+             json_path=profile_json, kind="profile"),
+        Part("dispatch-overhead", "per-op dispatch cost on a CUDA place",
+             [py, "bench/dispatch_overhead.py", "--device", "cuda", "--json",
+              str(dispatch_json)] + (["--quick"] if quick else []), 150,
+             json_path=dispatch_json, kind="dispatch"),
+        harness("transformer-b32x128", "transformer b32 x seq 128 vs eager",
+                transformer + ["-b", "32"], 90),
+        harness("transformer-b4x128", "transformer b4 x seq 128 vs eager",
+                transformer + ["-b", "4"], 90),
+        harness("resnet50-bf16", "ResNet-50 b32 bf16 autocast vs eager",
+                resnet + ["--amp", "bf16", "--modes", "ssaexec,torch-eager"], 120),
+        harness("resnet50-fp16", "ResNet-50 b32 fp16 autocast (GradScaler) vs eager",
+                resnet + ["--amp", "fp16", "--modes", "ssaexec,torch-eager"], 120),
+        harness("resnet50-cuda-graph", "ResNet-50 b32 fp32 with CUDA graphs on (off: "
+                "resnet50-fp32) vs eager",
+                resnet + ["--cuda-graph", "--modes", "ssaexec,torch-eager"], 120),
+        harness("two-places-one-gpu", "1 vs 2 places on one GPU (ResNet-18 CIFAR, "
+                "cuda:0,0) vs eager",
+                ["--places", "cuda:0,0", "--place-counts", "1,2", "--modes",
+                 "ssaexec,torch-eager"], 90),
+        Part("validate-sim", "the simulator against measured runs (CPU places only: "
+             "validate_sim.py has no GPU option)",
+             [py, "bench/validate_sim.py", "--rounds", "1", "--json", str(sim_json)]
+             + (["--steps", "4"] if quick else []), 150, json_path=sim_json, kind="sim"),
+    ]
+
+
+# --- key figures ----------------------------------------------------------------------------
+
+def _pytest_figures(log):
+    m = None
+    for m in re.finditer(r"^=*\s*(\d+ (?:passed|failed|skipped|error|errors|deselected|"
+                         r"xfailed|xpassed|warnings?)\b.*?)\s*=*$", log, re.M):
+        pass
+    return {"summary": m.group(1)} if m else {}
+
+
+def _bench_figures(data):
+    runs = data.get("runs", [])
+    eager = {r["places"]: r for r in runs
+             if r.get("mode") == "torch-eager" and r.get("error") is None}
+    rows = []
+    for r in runs:
+        row = {"mode": r.get("mode"), "places": r.get("places")}
+        if r.get("error") is not None:
+            row["error"] = str(r["error"]).strip().splitlines()[-1][:200]
+        else:
+            ips = r.get("images_per_sec_median")
+            row.update(images_per_sec=ips, peak_cuda_mb=r.get("peak_cuda_mb"))
+            e = eager.get(1)
+            if e and ips and r.get("mode") != "torch-eager":
+                row["x_eager@1"] = ips / e["images_per_sec_median"]
+        rows.append(row)
+    comps = [{"name": c["name"], "ratio": c["ratio"], "paired_ratio": c.get("paired_ratio"),
+              "met": c["met"]} for c in data.get("comparisons", [])]
+    return {"runs": rows, "comparisons": comps}
+
+
+def figures(part, log):
+    """The key figures of a finished part (``{}`` where none could be read)."""
+    if part.kind == "pytest":
+        return _pytest_figures(log)
+    if part.json_path is None or not Path(part.json_path).exists():
+        return {}
+    try:
+        data = json.loads(Path(part.json_path).read_text())
+    except (OSError, ValueError) as e:
+        return {"unreadable_json": str(e)}
+    if part.kind == "bench":
+        return _bench_figures(data)
+    if part.kind == "dispatch":
+        return {"targets": [{k: t.get(k) for k in ("name", "value", "target", "met")}
+                            for t in data.get("targets", [])],
+                "wall_seconds": data.get("wall_seconds")}
+    if part.kind == "sim":
+        return {"summary": data.get("summary")}
+    return data
+
+
+# --- running --------------------------------------------------------------------------------
+
+def _say(msg):
+    print(f"gpu-check: {msg}", file=sys.stderr, flush=True)
+
+
+def run_part(part, timeout, logs):
+    """Run one part; returns its record for the report."""
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{part.name}.log"
+    env = dict(os.environ, **part.env)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    rec = {"name": part.name, "what": part.what, "command": part.command(), "log": str(log_path)}
+    t0 = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8", errors="replace") as f:
+        try:
+            proc = subprocess.Popen(part.argv, cwd=REPO, env=env, stdout=f,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as e:
+            rec.update(status="failed", exit=None, seconds=0.0, tail=f"could not start: {e}")
+            return rec
+        try:
+            rc = proc.wait(timeout=timeout)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # the part's own process group
+            except ProcessLookupError:
+                pass
+            rc = proc.wait()
+            status = "timeout"
+    rec["seconds"] = round(time.perf_counter() - t0, 1)
+    rec["exit"], rec["status"] = rc, status
+    log = log_path.read_text(encoding="utf-8", errors="replace")
+    rec["figures"] = figures(part, log)
+    if status != "ok":
+        rec["tail"] = log[-3000:]
+    return rec
+
+
+def machine():
+    import torch
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu": torch.cuda.is_available(), "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if info["gpu"]:
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def _figure_lines(rec):
+    f = rec.get("figures") or {}
+    lines = []
+    if "summary" in f and isinstance(f["summary"], str):
+        lines.append(f"- pytest: {f['summary']}")
+    for r in f.get("runs", []):
+        if "error" in r:
+            lines.append(f"- {r['mode']}@{r['places']}: FAILED: {r['error']}")
+        else:
+            extra = f", {r['x_eager@1']:.2f}x eager@1" if "x_eager@1" in r else ""
+            mem = r.get("peak_cuda_mb")
+            lines.append(f"- {r['mode']}@{r['places']}: {_fmt(r['images_per_sec'])} images/s"
+                         f"{extra}, peak GPU {_fmt(mem) if mem is not None else '-'} MiB")
+    for c in f.get("comparisons", []):
+        lines.append(f"- {c['name']}: {c['ratio']:.2f} ({'met' if c['met'] else 'not met'})")
+    for t in f.get("targets", []):
+        lines.append(f"- {t['name']}: {_fmt(t['value'])} (target {t['target']}: "
+                     f"{'met' if t['met'] else 'not met'})")
+    if rec["name"] == "profile-step" and "gpu_kernels" in f:
+        lines.append(f"- {f['gpu_kernels']} GPU kernels; busy {_fmt(f['gpu_busy_us'])} us; "
+                     f"idle between kernels {_fmt(f['gpu_idle_between_kernels_us'])} us of "
+                     f"{_fmt(f['gpu_span_us'])} us ({_fmt(f['idle_fraction'])}); step "
+                     f"{_fmt(f['step_us'])} us; trace `{f['trace']}`")
+    if rec["name"] == "validate-sim" and f.get("summary"):
+        for s in f["summary"]:
+            lines.append("- " + ", ".join(f"{k} {_fmt(v)}" for k, v in s.items()
+                                          if not isinstance(v, (list, dict))))
+    return lines
+
+
+def write_report(out, info, records, note=None):
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"schema": "ssaexec-gpu-check/1", "machine": info, "note": note,
+              "parts": records}
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    md = ["# ssaexec GPU check", ""]
+    where = ", ".join(info.get("gpus", [])) or "no GPU"
+    md.append(f"torch {info['torch']} (CUDA {info['cuda']}), {where}, {info['date']}")
+    md.append("")
+    if note:
+        md += [note, ""]
+    if records:
+        md += ["| part | status | exit | seconds |", "|---|---|---|---|"]
+        md += [f"| {r['name']} | {r['status']} | {r.get('exit')} | {r.get('seconds', '-')} |"
+               for r in records]
+        for r in records:
+            md += ["", f"## {r['name']}: {r['status']}", "", r["what"], "",
+                   f"`{r['command']}`", ""]
+            md += _figure_lines(r)
+            if r.get("tail"):
+                md += ["", "Output tail:", "", "```", r["tail"].rstrip(), "```"]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repeats per part")
+    ap.add_argument("--only", action="append", metavar="PART", help="run only this part "
+                    "(repeatable; --list names them)")
+    ap.add_argument("--out", default="out/gpu_check", help="report directory "
+                    "(default out/gpu_check)")
+    ap.add_argument("--list", action="store_true", help="print the parts and their commands")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                    help=f"seconds for all parts together (default {DEFAULT_BUDGET:.0f})")
+    ap.add_argument("--profile-step", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"],
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=5, help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("--trace", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+
+    if args.profile_step:
+        return profile_step(args.device, args.warmup, args.json or out / "profile_step.json",
+                            args.trace or out / "profile_step_trace.json")
+
+    todo = parts(out, args.quick)
+    names = [p.name for p in todo]
+    if args.only:
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            ap.error(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(names)}")
+        todo = [p for p in todo if p.name in args.only]
+    if args.list:
+        for p in todo:
+            print(f"{p.name:<22} {p.command()}")
+            print(f"{'':<22} ({p.what}; timeout {p.timeout} s)")
+        return 0
+
+    info = machine()
+    if not info["gpu"]:
+        msg = (f"gpu-check: no CUDA GPU visible to torch {info['torch']} "
+               "(torch.cuda.is_available() is False); nothing to check")
+        print(msg)
+        write_report(out, info, [], note=msg)
+        print(f"gpu-check: wrote {out / 'report.md'} and report.json")
+        return 0
+
+    _say(f"torch {info['torch']} (CUDA {info['cuda']}), {', '.join(info['gpus'])}; "
+         f"{len(todo)} parts, budget {args.budget:.0f} s; report in {out}")
+    records, start = [], time.perf_counter()
+    for k, part in enumerate(todo, 1):
+        left = args.budget - (time.perf_counter() - start)
+        if left < 15:
+            _say(f"[{k}/{len(todo)}] {part.name}: skipped, budget spent")
+            records.append({"name": part.name, "what": part.what, "command": part.command(),
+                            "status": "skipped (budget)", "exit": None, "seconds": 0.0})
+            continue
+        timeout = min(part.timeout, left)
+        _say(f"[{k}/{len(todo)}] {part.name}: {part.command()} (timeout {timeout:.0f} s)")
+        rec = run_part(part, timeout, out / "logs")
+        records.append(rec)
+        _say(f"[{k}/{len(todo)}] {part.name}: {rec['status']} in {rec['seconds']:.0f} s")
+        write_report(out, info, records)         # a partial report survives a kill
+    write_report(out, info, records)
+    bad = [r["name"] for r in records if r["status"] != "ok"]
+    total = time.perf_counter() - start
+    _say(f"done in {total:.0f} s; {len(records) - len(bad)}/{len(records)} parts ok"
+         + (f"; not ok: {', '.join(bad)}" if bad else "") + f"; report {out / 'report.md'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
