@@ -4,6 +4,13 @@ Several ``CPUPlace`` objects are distinct places that share the host's memory;
 ``CPUPlace(i)`` is how one process trains data-parallel on CPU. Places are
 immutable and hashable, and print as ``cpu:0`` / ``cuda:1``.
 
+``MetaPlace`` is a place on torch's ``meta`` device (shapes, no data). It stands
+in for a GPU where there is none: it is neither the CPU nor CUDA, so a tensor an op
+makes on the host where the place's device was meant (a factory op without its
+``device``, a constant built on the host) meets a meta tensor and raises, exactly
+as it would meet a CUDA tensor on a GPU. Its steps compute nothing, so values
+cannot be fetched from it; it is for tests of placement, not of numbers.
+
 Ground floor: imports nothing of ssaexec but ``errors``.
 """
 
@@ -11,7 +18,8 @@ import torch
 
 from .errors import SSAExecError
 
-__all__ = ["Place", "CPUPlace", "CUDAPlace", "cpu_places", "cuda_places", "parse_places"]
+__all__ = ["Place", "CPUPlace", "CUDAPlace", "MetaPlace", "cpu_places", "cuda_places",
+           "parse_places"]
 
 
 class Place:
@@ -68,6 +76,17 @@ class CUDAPlace(Place):
     @property
     def device(self):
         return torch.device("cuda", self.device_index)
+
+
+class MetaPlace(Place):
+    """A place on torch's ``meta`` device: a GPU's stand-in in tests (module docstring)."""
+
+    __slots__ = ()
+    kind = "meta"
+
+    @property
+    def device(self):
+        return torch.device("meta")
 
 
 def available_cores():
