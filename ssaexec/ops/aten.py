@@ -80,6 +80,7 @@ from ..limits import cap_sizes, get_limit, numel_problem
 from ..dtypes import DTYPES, dtype_name, torch_dtype
 from .guards import guarded
 from .policy import check_op_type
+from .portable import portable
 from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, arg_kinds, resolve_overload
 from .registry import REQUIRED, OpDef, register_family, register_op, unaliased
 from .size_expr import parse_size_expr
@@ -353,15 +354,17 @@ def aten_op_def(type):
     attrs[SYM_ATTR] = ("any", None)
     # The overload behind its guard when its kernel trusts its arguments (ssaexec.ops.guards);
     # both execution paths call what op_def.overload holds.
-    call = guarded(type, overload)
+    # A CPU-only overload (traced on the CPU) gets its device-generic twin off the CPU.
+    base = portable(type, overload)
+    call = guarded(type, base)
     kernel = _make_kernel(type, call, kinds)
     op_def = OpDef(type, ["X*"], ["Out*"], attrs, kernel, infer=_make_infer(kernel), grad=None,
                    is_random=torch.Tag.nondeterministic_seeded in overload.tags,
                    doc=f"ATen {schema}")
     op_def.overload = call
-    if call is not overload:  # for programs built in this process (ProgramDesc.trusted)
-        op_def.bare_overload = overload
-        op_def.bare_kernel = _make_kernel(type, overload, kinds)
+    if call is not base:  # for programs built in this process (ProgramDesc.trusted)
+        op_def.bare_overload = base
+        op_def.bare_kernel = _make_kernel(type, base, kinds)
     # view ops and ops that may return an input (schema alias annotations, Tensor(a))
     op_def.may_alias = any(r.alias_info is not None for r in schema.returns)
     _DEFS[type] = op_def
