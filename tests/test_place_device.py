@@ -138,3 +138,58 @@ def test_imported_positions_run_on_a_cuda_place(compiled):
         for _ in range(3):
             lv, = pe.run([loss], feed=feed)
     assert torch.isfinite(lv)
+
+
+# --- constants of the main program (issue 30, item 6): made on the device, not copied -----
+
+def _constant_op(op_type):
+    """One ``op_type`` op (fill_constant, assign_value, assign_bytes) writing ``c``."""
+    from ssaexec.ops.aten import encode_bytes
+    program = Program()
+    block = program.global_block()
+    block.create_var("c", shape=[2, 3], dtype="float32")
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4
+    attrs = {"fill_constant": {"shape": [2, 3], "value": 1.5, "dtype": "float32"},
+             "assign_value": {"shape": [2, 3], "dtype": "float32",
+                              "values": value.reshape(-1).tolist()},
+             "assign_bytes": {"shape": [2, 3], "dtype": "float32",
+                              "data": encode_bytes(value)}}[op_type]
+    op = block.append_op(op_type, {}, {"Out": ["c"]}, attrs)
+    want = torch.full((2, 3), 1.5) if op_type == "fill_constant" else value
+    return program, op, want
+
+
+@pytest.mark.parametrize("op_type", ["fill_constant", "assign_value", "assign_bytes"])
+def test_a_constant_is_made_on_the_device_with_no_copy_each_step(op_type):
+    # ``meta`` stands in for a GPU; a copy from the host shows as a ``_to_copy`` to meta
+    program, op, _ = _constant_op(op_type)
+    device = torch.device("meta")
+    call = OpCall(op, 0, program, device)
+    scope = se.Scope()
+    for step in range(4):
+        with _Calls() as seen:
+            call.run(scope)
+        assert scope.find_var("c").device == device and scope.find_var("c").shape == (2, 3)
+        moves = [kw for name, kw in seen.calls
+                 if name == "aten._to_copy.default" and kw.get("device") == device]
+        if op_type == "fill_constant":  # filled where it lives, every step
+            assert [kw.get("device") for kw in seen.named("aten.full")] == [device]
+            assert moves == [] and seen.copies() == []
+        elif step >= 2:  # decoded and copied on the first two runs only, then a device clone
+            assert moves == [] and not seen.named("aten.lift_fresh"), seen.calls
+            assert [n for n, _ in seen.calls] == ["aten.clone.default"]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("op_type", ["fill_constant", "assign_value", "assign_bytes"])
+def test_a_kept_constant_survives_in_place_writes_of_its_result(op_type, compiled):
+    # the kept device tensor is never handed out: an op rewriting the result in place
+    # (here the caller) must not change what the next step's op produces
+    from ssaexec.executor import Executor
+    program, _, want = _constant_op(op_type)
+    scope = se.Scope()
+    exe = Executor(se.CPUPlace(0), compiled=compiled)
+    for _ in range(4):
+        out, = exe.run(program, scope=scope, fetch_list=["c"])
+        assert torch.equal(torch.as_tensor(out), want)
+        scope.find_var("c").add_(100.0)

@@ -65,7 +65,9 @@ copied (the price of a copy per view op, paid for correctness).
 
 Also here: ``assign_bytes``, the compact constant the importer writes parameter
 values with: base64 of the raw little-endian bytes, 4 characters per 3 bytes,
-where ``assign_value``'s float lists take some 20 characters per element.
+where ``assign_value``'s float lists take some 20 characters per element. In a
+main program (an evaluation import's graph constants) it is decoded and copied
+to the place's device on its first runs only (``ops.init.DeviceConstant``).
 """
 
 import base64
@@ -83,6 +85,7 @@ from .policy import check_op_type
 from .portable import portable
 from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, arg_kinds, resolve_overload
 from .registry import REQUIRED, OpDef, register_family, register_op, unaliased
+from .init import DeviceConstant, register_device_kernel
 from .size_expr import parse_size_expr
 
 __all__ = ["SYM_ATTR", "aten_op_def", "resolve_overload", "arg_kinds", "CompiledCall", "OMIT",
@@ -410,3 +413,12 @@ def _bytes_infer(ins, attrs):
 def assign_bytes(ins, attrs):
     """Out = the tensor whose raw little-endian bytes ``data`` holds in base64."""
     return {"Out": decode_bytes(attrs["data"], attrs["shape"], attrs["dtype"])}
+
+
+def _decoded(attrs):
+    return decode_bytes(attrs["data"], attrs["shape"], attrs["dtype"])
+
+
+# a main program's constant (an evaluation import's graph constants) is decoded and copied
+# to the device once, not every step (ops.init.DeviceConstant)
+register_device_kernel("assign_bytes", lambda device: DeviceConstant(_decoded, device))

@@ -4,13 +4,69 @@ Random initialisers with a non-zero ``seed`` draw from a CPU generator seeded
 with it and then move the values to the target device, so the same program
 gives the same values on every device and every run. ``seed=0`` uses torch's
 global generator. Ops without tensor inputs create on the CPU; the executor
-moves their outputs to the op's device.
+moves their outputs to the op's device, a host-to-device copy (initialisers run
+once, in the startup program).
+
+Ops that a main program runs every step make their result on the place's device
+instead (``DEVICE_KERNELS``: op type -> ``bind(device)``, a kernel bound to one op
+and place, which the executors call instead of ``kernel``):
+
+* ``fill_constant`` fills on the device (the value is a kernel argument, no copy);
+* a literal constant (``assign_value``, ``assign_bytes``) is decoded on the host
+  and copied over on its first two runs; from its second run on (an op that runs
+  again runs every step, and a startup op, run once, keeps nothing) the binding
+  keeps that device tensor and hands out a device-to-device ``clone`` of it per
+  run: no host work, no host sync, capturable in a CUDA graph. A clone, not the
+  tensor itself, because later ops may rewrite the result in place (an ``inplace``
+  op, an optimizer) and the next step must still see the constant.
 """
+
+import functools
 
 import torch
 
 from ..dtypes import torch_dtype
 from .registry import REQUIRED, register_op
+
+__all__ = ["DEVICE_KERNELS", "DeviceConstant", "register_device_kernel"]
+
+# op type -> bind(device) -> kernel(ins, attrs) making the result on ``device``
+DEVICE_KERNELS = {}
+
+
+def register_device_kernel(op_type, bind):
+    """Make op ``op_type``'s result on the place's device: ``bind(device)`` -> kernel."""
+    DEVICE_KERNELS[op_type] = bind
+
+
+class DeviceConstant:
+    """The kernel of one literal-constant op bound to one place's ``device``.
+
+    ``make(attrs)`` builds the value on the host. The first run copies it over and
+    keeps nothing; a second run keeps the copy, and every later run returns a
+    device-side ``clone`` of it (module docstring).
+    """
+
+    __slots__ = ("make", "device", "attrs", "value", "runs")
+
+    def __init__(self, make, device):
+        self.make = make
+        self.device = device
+        self.attrs = None   # the attrs ``value`` was made from (one dict per bound op)
+        self.value = None
+        self.runs = 0
+
+    def __call__(self, ins, attrs):
+        if self.value is not None and self.attrs is attrs:
+            return {"Out": self.value.clone()}
+        t = self.make(attrs)
+        if self.device is not None:
+            t = t.to(self.device)
+        self.runs += 1
+        if self.runs < 2:
+            return {"Out": t}
+        self.attrs, self.value = attrs, t
+        return {"Out": t.clone()}
 
 
 def _shape_infer(ins, attrs):
@@ -20,9 +76,14 @@ def _shape_infer(ins, attrs):
 @register_op("fill_constant", [], ["Out"],
              {"shape": ("ints", REQUIRED), "value": ("float", 0.0), "dtype": ("dtype", "float32")},
              infer=_shape_infer, grad=None)
-def fill_constant(ins, attrs):
-    """Out = a tensor of ``shape`` filled with ``value``."""
-    return {"Out": torch.full(attrs["shape"], attrs["value"], dtype=torch_dtype(attrs["dtype"]))}
+def fill_constant(ins, attrs, device=None):
+    """Out = a tensor of ``shape`` filled with ``value`` (on ``device``; None: the CPU)."""
+    return {"Out": torch.full(attrs["shape"], attrs["value"], dtype=torch_dtype(attrs["dtype"]),
+                              device=device)}
+
+
+register_device_kernel("fill_constant",
+                       lambda device: functools.partial(fill_constant, device=device))
 
 
 @register_op("fill_zeros_like", ["X"], ["Out"], grad=None)
@@ -61,8 +122,15 @@ register_op("gaussian_random", [], ["Out"],
               "values": ("floats", REQUIRED)}, infer=_shape_infer, grad=None)
 def assign_value(ins, attrs):
     """Out = the literal ``values`` (row-major) reshaped to ``shape``."""
+    return {"Out": _literal(attrs)}
+
+
+def _literal(attrs):
     t = torch.tensor(attrs["values"], dtype=torch.float64).to(torch_dtype(attrs["dtype"]))
-    return {"Out": t.reshape(attrs["shape"])}
+    return t.reshape(attrs["shape"])
+
+
+register_device_kernel("assign_value", lambda device: DeviceConstant(_literal, device))
 
 
 @register_op("assign", ["X"], ["Out"])

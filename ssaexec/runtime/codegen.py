@@ -41,6 +41,7 @@ import torch
 from ..errors import OpError, SSAExecError
 from ..limits import _LIMITS, cap_sizes, check_result
 from ..ops import aten as _aten
+from ..ops.init import DEVICE_KERNELS
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
 from ..dtypes import torch_dtype
@@ -472,6 +473,10 @@ def _(h: ComputationOpHandle, em, plan):
     # a hand-written op: its kernel takes a dict of slots
     ins_src = _slots_src(od, op, lambda n: _load(em, by_name[n], h))
     kernel = od.raw_kernel if od.may_alias else od.kernel
+    creates = not any(op.input(s.name) for s in od.inputs if s.name in op.inputs)
+    bind = DEVICE_KERNELS.get(op.type) if creates else None
+    if bind is not None:  # made on the place's device, as in OpCall (ops.init)
+        kernel = bind(em.device)
     k = em.const(kernel, "k")
     a = em.const(attrs, "a")
     inputs = [em.local[id(by_name[n])] for n in op.input_names() if n in by_name
@@ -482,8 +487,7 @@ def _(h: ComputationOpHandle, em, plan):
         _call_line(em, h, od, f"_o = {k}({ins_src}, {a}, {em.const(wanted, 'w')})")
     else:
         _call_line(em, h, od, f"_o = {k}({ins_src}, {a})")
-    creates = not any(op.input(s.name) for s in od.inputs if s.name in op.inputs)
-    move = creates and em.device.type != "cpu"
+    move = creates and bind is None and em.device.type != "cpu"
     dev = em.const(em.device, "dev") if move else None
     for s in od.outputs:
         if s.name not in op.outputs:

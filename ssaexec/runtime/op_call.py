@@ -11,6 +11,7 @@ import torch
 
 from ..errors import OpError, ProgramError, SSAExecError
 from ..limits import _LIMITS, check_result, depth_problem
+from ..ops.init import DEVICE_KERNELS
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR
 from .rng import needs_step_seed, op_seed, seeded
@@ -81,6 +82,7 @@ class OpCall:
         self.wanted = {s: [n != EMPTY_VAR for n in names] for s, names, _ in self.out_slots}
         self.kernel = od.kernel_for(program)  # a program file's ATen ops run guarded
         creates = not any(names for _, names, _ in self.in_slots)
+        bind = DEVICE_KERNELS.get(op.type) if creates else None
         if od.is_control:
             self.mode = "control"
         elif od.wants_mask:
@@ -89,9 +91,14 @@ class OpCall:
             self.mode = "factory"  # an ATen op with no tensor input: made on ``device``
         else:
             self.mode = "plain"
-        # a hand-written op with no tensor input (fill_constant, uniform_random ...) builds
-        # on the CPU, its kernel taking no device: its results are moved to the place
-        self.creates = creates and self.mode != "factory"
+        if bind is not None:
+            # fill_constant, assign_value, assign_bytes: made on the place's device by a
+            # kernel bound to this op and place (a constant's device copy is kept there)
+            self.kernel = bind(device)
+        # another hand-written op with no tensor input (uniform_random ...) builds on the
+        # CPU, its kernel taking no device: its results are moved to the place, a
+        # host-to-device copy (initialisers: the startup program, run once)
+        self.creates = creates and self.mode != "factory" and bind is None
         self.program = program
         self.device = device
         self.label = f"op #{index} '{op.type}'" if index is not None else f"op '{op.type}'"
