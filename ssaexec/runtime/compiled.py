@@ -31,7 +31,9 @@ the same name (``_memory_plan``).
 
 CUDA. Segments run on their place's compute stream, entered once per segment;
 cross-stream events are recorded only on node edges that cross streams
-(``StreamSync`` applied to the node graph).
+(``StreamSync`` applied to the node graph). The stream policy is the readable
+path's, decided by the SSA handle behind each node (``node_handle``): a wrapped
+collective or fetch enters the streams its handle would.
 """
 
 import threading
@@ -43,7 +45,7 @@ from .codegen import CloneCounter, lower_segment
 from .graph_runner import GraphRunner
 from .scheduler import DependencyPlan
 
-__all__ = ["CompiledRunner", "Segment", "partition", "compile_summary"]
+__all__ = ["CompiledRunner", "Segment", "partition", "compile_summary", "node_handle"]
 
 
 class _NodeVar:
@@ -316,8 +318,9 @@ class CompiledRunner(GraphRunner):
         self.segments = [n for n in self.nodes if isinstance(n, Segment)]
         self.streams = None
         if contexts is not None and any(c is not None for c in contexts):
-            from .streams import StreamSync
-            self.streams = StreamSync(self, contexts, sync, key=_node_stream_key)
+            from .streams import StreamSync, external_inputs
+            self.streams = StreamSync(self, contexts, sync, handle=node_handle,
+                                      external=external_inputs(graph))
         self.plan = DependencyPlan(len(self.nodes), [[p.id for p in n.producers()]
                                                      for n in self.nodes],
                                    [not isinstance(n, Segment) and n.is_collective
@@ -340,6 +343,11 @@ class CompiledRunner(GraphRunner):
     def ops(self):
         """The node graph's nodes (``StreamSync`` reads them like op handles)."""
         return self.nodes
+
+    def stream_plan(self, devices=None):
+        """The ``StreamPlan`` of the node graph (``runtime.streams``; no GPU needed)."""
+        from .streams import plan_streams
+        return plan_streams(self.nodes, devices, handle=node_handle)
 
     @property
     def clones(self):
@@ -429,6 +437,9 @@ class CompiledRunner(GraphRunner):
         return super().run(sync)
 
 
-def _node_stream_key(node):
-    from .streams import stream_key
-    return stream_key(node if isinstance(node, Segment) else node.handle)
+def node_handle(node):
+    """The SSA handle that decides ``node``'s streams (``runtime.streams``): a segment
+    is one place's compute, like each of its handles; a wrapped node is its handle,
+    so a broadcast enters the comm stream of every device it writes, as on the
+    readable path."""
+    return node if isinstance(node, Segment) else node.handle

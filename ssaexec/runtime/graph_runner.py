@@ -16,10 +16,12 @@ signature lists each collective in chain order as ``(seq, kind, var names,
 declared shapes, dtypes)``, which the debug mode of a multi-process run
 compares across ranks.
 
-CUDA. Given device contexts, every handle runs on its stream
+CUDA. Given device contexts, every handle runs on its streams
 (``runtime.streams``): waits on cross-stream producers before, an event and
-``record_stream`` after. Fetches copy into pinned host memory on the fetch
-stream; ``run`` returns when every stream is idle.
+``record_stream`` after. A fetch enters the fetch stream of every device it
+reads, so each place's copy into pinned host memory waits for its producer;
+``run`` returns when the fetch copies are complete (every stream is idle under
+``sync="wait"``), with each device's current stream ordered after the step.
 """
 
 import functools
@@ -49,8 +51,8 @@ class GraphRunner:
         # CUDA places: every op launches on its stream, cross-stream edges synchronise
         self.streams = None
         if contexts is not None and any(c is not None for c in contexts):
-            from .streams import StreamSync
-            self.streams = StreamSync(graph, contexts, sync)
+            from .streams import StreamSync, external_inputs
+            self.streams = StreamSync(graph, contexts, sync, external=external_inputs(graph))
         # the commit phase waits for every other handle, on every place (graph.commit)
         self.commit = commit_plan(graph)
         self.plan = DependencyPlan(len(graph.ops),
@@ -68,6 +70,11 @@ class GraphRunner:
         self.fns = [self._with_frees(self._on_stream(op.id, self._compile(op)),
                                      reader_slots[op.id], free_after[op.id])
                     for op in graph.ops]
+
+    def stream_plan(self, devices=None):
+        """The ``StreamPlan`` of the graph's handles (``runtime.streams``; no GPU needed)."""
+        from .streams import plan_streams
+        return plan_streams(self.graph.ops, devices)
 
     def _on_stream(self, i, fn):
         return fn if self.streams is None else self.streams.wrap(i, fn, self.scopes)
@@ -228,7 +235,9 @@ class GraphRunner:
                                   f"{self.graph.places[pi]}", "fetch", self.graph.places[pi])
                 # a snapshot: later ops and runs update parameters in place
                 if t.is_cuda:
-                    # pinned host memory, copied on the fetch stream; run() waits for it
+                    # pinned host memory, copied on the current stream of t's device: the
+                    # fetch stream this handle entered there (StreamSync.wrap), which waited
+                    # for t's producer; run() waits for the fetch's event
                     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                     vals.append(host.copy_(t.detach(), non_blocking=True))
                 else:
@@ -241,8 +250,9 @@ class GraphRunner:
         """Run the graph once; return {fetch name: [value per place]}.
 
         ``sync`` ("event" or "wait") switches the CUDA stream synchronisation.
-        On CUDA places the run returns once every stream is idle, so fetched
-        values are complete and the caller may touch the scopes.
+        On CUDA places the run returns once the fetched values are complete; the
+        devices' current streams wait (on the GPU) for the whole step, so the
+        caller's work on them sees its results (``StreamSync.finish``).
         """
         self.fetched = {}
         self._refs = list(self._ref0)
@@ -251,18 +261,20 @@ class GraphRunner:
         if self.streams is not None:
             if sync is not None:
                 self.streams.sync = sync
-            self.streams.start()
+            self.streams.start(self.scopes)
         # persistables the early phase rebinds (running statistics, counters) are put
         # back if the step fails; in-place updates run only once nothing else can fail
         rebound = self.commit.rebound
         saved = [[(n, s.vars.get(n)) for n in rebound] for s in self.scopes] if rebound \
             else None
         try:
+            ran = False
             try:
                 self.scheduler.run(self.plan, self.fns, self.inline)
+                ran = True
             finally:
                 if self.streams is not None:
-                    self.streams.finish()
+                    self.streams.finish(failed=not ran)
         except BaseException as e:
             if saved is not None:
                 for scope, binding in zip(self.scopes, saved, strict=True):
