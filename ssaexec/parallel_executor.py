@@ -134,6 +134,8 @@ class ParallelExecutor:
         self.distributed = dist_collective is not None
         self._runners = {}
         self._step_graphs = {}  # id(runner) -> runtime.cuda_graph.StepGraphs
+        # makes each StepGraphs' capture mechanism (None: CUDA graphs); tests set a CPU one
+        self._graph_capture = None
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
         self._probes = {}
         self._device_contexts = None
@@ -537,7 +539,8 @@ class ParallelExecutor:
             persist = [v.name for v in self.run_program.global_block().vars.values()
                        if v.persistable]
             graphs = self._step_graphs[id(runner)] = StepGraphs(
-                runner, persist, st.cuda_graph_warmup, st.cuda_graph_cache)
+                runner, persist, st.cuda_graph_warmup, st.cuda_graph_cache,
+                self._graph_capture() if self._graph_capture is not None else None)
         return graphs
 
     def cuda_graph_status(self, fetch_list=None):

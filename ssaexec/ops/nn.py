@@ -10,6 +10,7 @@ the unbiased batch variance, as torch does.
 import torch
 import torch.nn.functional as F
 
+from ..runtime.rng import fixed_uniform
 from .registry import register_grad, register_op
 
 _CONV_ATTRS = {"strides": ("ints", [1, 1]), "paddings": ("ints", [0, 0]),
@@ -121,12 +122,6 @@ def layer_norm(ins, attrs):
     return {"Y": F.layer_norm(x, shape, scale, bias, attrs["epsilon"])}
 
 
-def _generator(seed, device):
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
-
-
 @register_op("dropout", ["X"], ["Out", "Mask!"],
              {"dropout_prob": ("float", 0.5), "is_test": ("bool", False), "seed": ("int", 0)},
              is_random=True)
@@ -137,8 +132,10 @@ def dropout(ins, attrs):
         return {"Out": x.clone(), "Mask": torch.ones_like(x, dtype=torch.uint8)}
     if x.device.type == "meta":
         return {"Out": torch.empty_like(x), "Mask": torch.empty_like(x, dtype=torch.uint8)}
-    gen = _generator(attrs["seed"], x.device) if attrs["seed"] else None
-    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=torch.float32) >= p
+    if attrs["seed"]:  # drawn once, no generator in the step (runtime.rng, CUDA graphs)
+        keep = fixed_uniform(attrs["seed"], x.shape, x.device) >= p
+    else:
+        keep = torch.rand(x.shape, device=x.device, dtype=torch.float32) >= p
     mask = keep.to(torch.uint8)
     return {"Out": x * keep.to(x.dtype) * _keep_scale(p), "Mask": mask}
 

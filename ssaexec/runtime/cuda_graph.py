@@ -7,24 +7,47 @@ Policy (``ExecutionStrategy(cuda_graph=True)``; ``ParallelExecutor`` drives it):
   and the in-process all-reduces are all captured). Anything else is refused when the
   executor is made, with the reason (``check_places``).
 * **When.** A feed shape (the names, shapes and dtypes of one step's feeds) runs
-  ``warmup`` steps normally first (lazy initialisation, allocator warm-up); its next
-  step is captured with ``torch.cuda.graph`` on a private memory pool, in the calling
-  thread, and replayed at once (capturing records work, it does not do it). Later steps
-  of that shape copy their feeds into the captured (static) input tensors and replay.
-  At most ``cache`` graphs are kept, the least recently used is dropped.
+  ``warmup`` steps normally first (lazy initialisation, allocator warm-up, the masks of
+  fixed-seed dropout); its next step is captured in the calling thread and replayed at
+  once (capturing records work, it does not do it). Later steps of that shape copy
+  their feeds into the graph's static inputs and replay. At most ``cache`` graphs are
+  kept, the least recently used is dropped.
+* **Capture** always synchronises streams with events (``sync="wait"`` would block the
+  host inside the capture, which CUDA refuses); the events become edges of the graph.
+* **Memory.** One side stream and one memory pool serve every graph of a runner: the
+  graphs replay one at a time, each finished before the next starts, and none keeps a
+  value in the pool from one replay to the next (static inputs and persistables live
+  outside it, fetches are copied out after the replay), so a later capture may reuse
+  what an earlier graph only needs while it replays.
+* **Static inputs are the graph's own.** Each captured feed gets a buffer allocated for
+  the graph; replays copy the step's feed into it. A caller's tensor is never bound in
+  the graph (a replay's copy would overwrite the caller's device-resident data, or a
+  slice of a dataset kept on the GPU).
 * **State.** Parameters and optimizer state are updated in place by the optimizer ops,
   so the graph reads and writes their tensors directly. An op that rebinds a persistable
   instead (batch norm's running statistics) writes a temporary during capture, and a
-  copy into the persistable's own tensor is captured after the step. Before each replay
-  a persistable the user rebound in a place's scope (``scope.set_var``, e.g. a new
-  learning rate) is copied into the tensor the graph reads, so schedules keep working.
+  copy into the persistable's own tensor is captured after the step. The graph holds
+  every persistable tensor it reads or writes, so none is freed while it may replay.
+  Before each replay, each of them is looked up again (``Scope.find_var``, so values
+  shared from another executor's scopes, ``share_vars_from``, count too): one rebound
+  since the capture (a new learning rate; the training executor's batch-norm statistics
+  seen from an evaluation executor) is copied into the tensor the graph reads, and bound
+  to it again where it is bound in the runner's own scope. One that vanished or changed
+  shape, dtype or device makes the graph stale: it is dropped and that feed shape warms
+  up and is captured again.
 * **Fetches** come from pinned host buffers the captured step copies into; each replay
   returns copies of them.
-* **What cannot be captured** (``capture_problem``): ops that run a sub-block on the
-  host's decision (``conditional_block``), random ops that draw from per-step seeds
-  (their seed is a host number baked into the graph: every replay would reuse the same
-  mask), and anything that fails during capture (a host sync, a data-dependent shape).
-  Such a runner warns once, naming the op or the error, and runs its steps normally.
+* **What cannot be captured** (``capture_problem``, decided from the graph before any
+  capture): ops that run a sub-block on the host's decision (``conditional_block``),
+  random ops that draw from per-step seeds (their seed is a host number baked into the
+  graph: every replay would reuse the same mask), random initialisers in the step (they
+  draw on the host's generator and copy to the device). Anything else that fails during
+  capture (a host sync, a data-dependent shape) is caught: the feeds and persistables
+  are bound again as before the capture, the runner warns once, naming the op or the
+  error, and runs this step and the later ones normally.
+* **Seam.** How a step is captured, replayed and waited for is a small object
+  (``CudaCapture`` on a GPU); everything else here is plain Python over scopes, so a
+  stand-in that records and replays kernels on the CPU drives this same code in tests.
 """
 
 import collections
@@ -37,7 +60,7 @@ from ..graph.ssa import ComputationOpHandle
 from ..ops.registry import get_op_def
 from .rng import needs_step_seed
 
-__all__ = ["check_places", "capture_problem", "StepGraphs"]
+__all__ = ["check_places", "capture_problem", "CudaCapture", "StepGraphs"]
 
 
 def check_places(places, distributed=False):
@@ -65,24 +88,62 @@ def capture_problem(graph):
             return h, "it runs a sub-block chosen on the host"
         if needs_step_seed(op_def, h.op):
             return h, "it draws random numbers from per-step seeds"
+        if op_def.is_random and not any(h.op.input_names()):
+            return h, "it draws random numbers on the host every step"
     return None
 
 
-class _Captured:
-    __slots__ = ("graph", "static", "fetched", "persist")
+class CudaCapture:
+    """Captures with ``torch.cuda.graph`` on ``device``: one side stream and one memory
+    pool for every graph it makes (see the module docstring, Memory)."""
 
-    def __init__(self, graph, static, fetched, persist):
-        self.graph, self.static, self.fetched, self.persist = graph, static, fetched, persist
+    __slots__ = ("device", "stream", "pool")
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = None
+        self.pool = None
+
+    def capture(self, step):
+        """``(graph, step())`` with ``step``'s GPU work recorded into ``graph``."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+            self.stream = torch.cuda.Stream(self.device)
+        graph = torch.cuda.CUDAGraph()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                              capture_error_mode="relaxed"):
+            result = step()
+        return graph, result
+
+    def synchronize(self):
+        """Wait for the replay just launched."""
+        torch.cuda.synchronize(self.device)
+
+
+class _Captured:
+    __slots__ = ("graph", "static", "fetched", "held")
+
+    def __init__(self, graph, static, fetched, held):
+        self.graph, self.static, self.fetched, self.held = graph, static, fetched, held
 
 
 class StepGraphs:
-    """Captured steps of one runner, keyed by feed shape (see the module docstring)."""
+    """Captured steps of one runner, keyed by feed shape (see the module docstring).
 
-    def __init__(self, runner, persistables, warmup=2, cache=4):
+    ``capture`` is the capture mechanism (``CudaCapture`` on the places' device when
+    None): ``capture(step) -> (graph, step())`` with ``graph.replay()``, and
+    ``synchronize()``.
+    """
+
+    def __init__(self, runner, persistables, warmup=2, cache=4, capture=None):
         self.runner = runner
-        self.persistables = list(persistables)
+        used = [set(names) for names in runner.graph.vars]
+        # per place, the persistables the step reads or writes: held while a graph may replay
+        self.persistables = [[n for n in persistables if n in names] for names in used]
         self.warmup = warmup
         self.cache = cache
+        self.capture = capture
         self.graphs = collections.OrderedDict()
         self.seen = collections.Counter()
         self.captures = 0
@@ -114,6 +175,11 @@ class StepGraphs:
             return self.runner.run(sync)
         key = self.key(per_place)
         entry = self.graphs.get(key)
+        if entry is not None and not self._rebind(entry):
+            # a tensor the graph reads vanished or changed shape: warm up and capture again
+            del self.graphs[key]
+            self.seen[key] = 0
+            entry = None
         if entry is None:
             bind(per_place)
             self.seen[key] += 1
@@ -130,63 +196,96 @@ class StepGraphs:
             for static, d in zip(entry.static, per_place, strict=True):
                 for name, t in d.items():
                     static[name].copy_(t, non_blocking=True)
-            self._restore_bindings(entry)
         entry.graph.replay()
-        for t in {t.device for d in entry.static for t in d.values()}:
-            torch.cuda.synchronize(t)
+        self.capture.synchronize()
         self.replays += 1
         self.runner.step[0] += 1
         return {name: [t.clone() for t in vals] for name, vals in entry.fetched.items()}
 
-    def _restore_bindings(self, entry):
-        # a persistable rebound since the capture (a new learning rate): copy its value
-        # into the tensor the graph reads, and bind that tensor again
-        for scope, persist in zip(self.runner.scopes, entry.persist, strict=True):
-            for name, t in persist.items():
-                now = scope.vars.get(name)
-                if now is not t and now is not None:
-                    t.copy_(now)
+    def _rebind(self, entry):
+        """Bring every tensor ``entry`` reads up to date with the scopes (module
+        docstring, State); False when one can no longer be read through the graph."""
+        for scope, held in zip(self.runner.scopes, entry.held, strict=True):
+            for name, t in held.items():
+                now = scope.find_var(name)
+                if now is t:
+                    continue
+                if now is None or now.shape != t.shape or now.dtype != t.dtype or \
+                        now.device != t.device:
+                    return False
+                t.copy_(now)
+                if name in scope.vars:  # another executor's scope (an ancestor) is its own
                     scope.vars[name] = t
+        return True
+
+    def _static_inputs(self, per_place):
+        # the graph's own buffer for each feed: bind() binds the caller's tensor itself when
+        # it is already on the place's device (a replay's copy would then overwrite it)
+        static = []
+        for scope, d in zip(self.runner.scopes, per_place, strict=True):
+            bufs = {}
+            for name, fed in d.items():
+                t = scope.vars[name]
+                if t is fed or t.untyped_storage().data_ptr() == \
+                        fed.untyped_storage().data_ptr():
+                    t = torch.empty_like(t).copy_(t)
+                    scope.vars[name] = t
+                bufs[name] = t
+            static.append(bufs)
+        return static
 
     def _capture(self, per_place, sync):
         runner = self.runner
         scopes = runner.scopes
-        static = [{name: scope.vars[name] for name in d} for scope, d in
-                  zip(scopes, per_place, strict=True)]
-        persist = [{n: scope.vars[n] for n in self.persistables if n in scope.vars}
-                   for scope in scopes]
-        device = next(t.device for d in static for t in d.values()) if any(static) else \
-            torch.device("cuda", torch.cuda.current_device())
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
+        bound = [{name: scope.vars[name] for name in d}
+                 for scope, d in zip(scopes, per_place, strict=True)]
+        own = [{n: scope.vars[n] for n in names if n in scope.vars}
+               for scope, names in zip(scopes, self.persistables, strict=True)]
+        for scope in scopes:
+            # a persistable the step rebinds but that lives in another executor's scope
+            # (share_vars_from): a normal step binds its result here, never there; a copy
+            # bound here first gives the graph a tensor of this runner's to copy it into
+            for n in runner.commit.rebound:
+                if n not in scope.vars and (t := scope.find_var(n)) is not None:
+                    scope.vars[n] = t.clone()
+        if self.capture is None:
+            self.capture = CudaCapture(runner.graph.places[0].device)
+        static = self._static_inputs(per_place)
+        held = [{n: t for n in names if (t := scope.find_var(n)) is not None}
+                for scope, names in zip(scopes, self.persistables, strict=True)]
         inline, runner.inline = runner.inline, True
         streams = getattr(runner, "streams", None)
         if streams is not None:
-            streams.capturing = True
-        try:
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
-                fetched = runner.run(sync)
-                # rebinding persistables: copy into their own tensors, inside the graph
-                for scope, before in zip(scopes, persist, strict=True):
-                    for name, t in before.items():
-                        now = scope.vars.get(name)
-                        if now is not None and now is not t:
-                            t.copy_(now)
+            streams.capturing, synced = True, streams.sync
+
+        def step():
+            fetched = runner.run("event")  # "wait" blocks the host: not allowed in a capture
+            # rebinding persistables: copy into the tensors the graph holds, inside the graph
+            for scope, before in zip(scopes, held, strict=True):
+                for name, t in before.items():
+                    now = scope.find_var(name)
+                    if now is not None and now is not t:
+                        t.copy_(now)
+                        if name in scope.vars:
                             scope.vars[name] = t
+            return fetched
+        try:
+            graph, fetched = self.capture.capture(step)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back
-            for scope, before in zip(scopes, persist, strict=True):
+            # nothing ran: bind the feeds and persistables as before, for the normal run
+            for scope, before, feeds in zip(scopes, own, bound, strict=True):
                 scope.vars.update(before)
+                scope.vars.update(feeds)
             self._give_up(f"capturing the step failed ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})")
             return None
         finally:
             runner.inline = inline
             if streams is not None:
-                streams.capturing = False
+                streams.capturing, streams.sync = False, synced
         runner.step[0] -= 1  # capturing recorded the step; the replay runs it
         self.captures += 1
-        return _Captured(graph, static, fetched, persist)
+        return _Captured(graph, static, fetched, held)
 
     def status(self):
         """``{"captured", "replays", "cached", "fallback"}`` for ``ssaexec stats``/tests."""
