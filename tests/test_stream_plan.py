@@ -180,11 +180,9 @@ def test_compiled_broadcast_enters_every_comm_stream(strategy):
 
 def test_fetch_enters_each_devices_fetch_stream_and_the_host_waits():
     """Issue 30 item 2: each place's device-to-host copy waits for its producer."""
-    for readable_or_compiled in _runners(3, {}):
-        plan = readable_or_compiled.stream_plan()
-        nodes = readable_or_compiled.graph.ops if isinstance(
-            readable_or_compiled, GraphRunner) and not isinstance(
-            readable_or_compiled, CompiledRunner) else readable_or_compiled.nodes
+    for runner in _runners(3, {}):
+        plan = runner.stream_plan()
+        nodes = runner.nodes if isinstance(runner, CompiledRunner) else runner.graph.ops
         fetches = [n for n in nodes if n.kind == "fetch"]
         assert len(fetches) == 1
         f = fetches[0]
@@ -194,7 +192,7 @@ def test_fetch_enters_each_devices_fetch_stream_and_the_host_waits():
         producers = {p.id for p in f.producers()}
         assert producers and producers <= set(plan.waits[f.id])
         # two places on one GPU: one fetch stream there, still waited for per producer
-        plan1 = readable_or_compiled.stream_plan([0, 0, 1])
+        plan1 = runner.stream_plan([0, 0, 1])
         assert plan1.enters[f.id] == ((0, "fetch"), (2, "fetch"))
 
 
@@ -278,3 +276,29 @@ def test_cuda_steps_match_cpu(strategy, compiled, sync):
                                    rtol=1e-4, atol=1e-5)
     for name, t in ref.items():
         torch.testing.assert_close(params[name], t, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["all_reduce", "reduce"])
+def test_stream_sync_applies_the_runners_plan(strategy):
+    """What a GPU runs is the plan the CPU tests check."""
+    from ssaexec.runtime.streams import DeviceContext
+    places = _cuda_places(3)
+    contexts = [DeviceContext(p) for p in places]
+    devices = [c.device for c in contexts]
+    main, _, loss = build_mlp(in_dim=6, hidden=(5, 4), classes=3,
+                              optimizer=make_optimizer("adam", 0.01))
+    for kind in (GraphRunner, CompiledRunner):
+        graph = se.build_ssa_graph(main, places, se.BuildStrategy(**STRATEGIES[strategy]),
+                                   [loss.name])
+        sched = Scheduler(1)
+        try:
+            runner = kind(graph, [se.Scope() for _ in places], LocalCollective(), sched,
+                          contexts)
+        finally:
+            sched.close()
+        want, got = runner.stream_plan(devices), runner.streams.plan
+        for field in ("keys", "enters", "waits", "records", "host_waits"):
+            assert getattr(got, field) == getattr(want, field), field
+        nodes = runner.nodes if kind is CompiledRunner else graph.ops
+        check_plan(nodes, got, devices)
