@@ -9,7 +9,13 @@ the parameter directly (AdamW).
 
 ``SkipUpdate`` (optional, a 0-dim tensor; fp16 loss scaling sets it): when it is
 nonzero the update is computed and thrown away, so parameters and state keep their
-values, decided on the device without a host sync (CUDA graphs can replay it).
+values, decided on the device without a host sync (CUDA graphs can replay it). The
+update runs in place as usual on a snapshot-protected state: the old values are
+cloned first and one ``torch.where(skip, old, new, out=new)`` per updated tensor puts
+them back, so an unskipped step is bit-identical to the plain update. The fused
+passes take ``skip`` too (one ``_foreach_clone`` for the snapshot), so fp16 updates
+fuse like bf16 ones. A select cannot be made arithmetic (``new * keep + old * skip``):
+a skipped step's ``new`` holds inf or NaN, and ``NaN * 0`` is NaN.
 
 A sparse ``Grad`` (an embedding's, ``ops.sparse``): ``sgd`` updates its rows only,
 ``adam`` with ``lazy_mode`` the rows and their moments only, ``momentum`` and ``adam``
@@ -47,20 +53,32 @@ def _sub_lr_times(p, step, lr):
         p.add_(step, alpha=alpha)
 
 
+def _snapshot(tensors, skip):
+    """The old values of ``tensors`` an update may have to restore, or None (no ``skip``)."""
+    if skip is None or not tensors:
+        return None
+    return tensors, torch._foreach_clone(tensors)
+
+
+def _restore(saved, skip):
+    """Put back the snapshot's values where ``skip`` is nonzero, in place, on the device."""
+    if saved is None:
+        return
+    skipped = skip != 0
+    for t, old in zip(*saved, strict=True):
+        # out= the updated tensor itself: one kernel a tensor, no temporary, no copy back
+        torch.where(skipped, old, t, out=t)
+
+
 def _skippable(*updated):
     """Give an in-place update an optional ``SkipUpdate`` input (module docstring)."""
     def wrap(kernel):
         def run(ins, attrs):
             skip = ins.get("SkipUpdate")
-            if skip is None:
-                return kernel(ins, attrs)
-            work = dict(ins)
-            for slot in updated:
-                work[slot] = ins[slot].clone()
-            outs = kernel(work, attrs)
-            for slot in updated:
-                ins[slot].copy_(torch.where(skip != 0, ins[slot], work[slot]))
-            return {k: ins[k[:-3]] for k in outs}
+            saved = _snapshot([ins[slot] for slot in updated], skip)
+            outs = kernel(ins, attrs)
+            _restore(saved, skip)
+            return outs
         run.__doc__ = kernel.__doc__
         run.__name__ = kernel.__name__
         return run
@@ -135,9 +153,18 @@ def adam(ins, attrs):
 # as torch.optim does with ``foreach=True``. Each step is the same elementwise operation,
 # in the same order, as the per-parameter kernel above, so results are bit-identical
 # (tests/test_hot_path.py checks it). ``cols`` maps each input slot but LearningRate to
-# the list of that slot's tensors, one per op.
+# the list of that slot's tensors, one per op. ``skip`` is the ops' shared ``SkipUpdate``
+# (fp16 loss scaling) or None: one ``_foreach_clone`` snapshot before, one select per
+# updated tensor after (``_snapshot``, ``_restore``). The learning rate enters through the
+# ``Tensor`` overloads (one 0-dim tensor for the whole list): a list ``[lr] * n`` beside
+# tensors of other shapes sends torch's CUDA foreach kernels down their per-tensor path.
 
-def _sparse_apart(kernel, cols, lr, attrs):
+def _lr_scalar(lr):
+    """``lr`` as the 0-dim tensor the ``Tensor`` overloads of ``torch._foreach_*`` take."""
+    return lr if lr.dim() == 0 else lr.reshape(())
+
+
+def _sparse_apart(kernel, cols, lr, attrs, skip=None):
     """Update alone, with ``kernel``, the parameters whose gradient is sparse; return the
     columns of the others (the order of independent updates does not matter)."""
     grads = cols["Grad"]
@@ -147,6 +174,8 @@ def _sparse_apart(kernel, cols, lr, attrs):
         if g.is_sparse:
             ins = {s: v[i] for s, v in cols.items()}
             ins["LearningRate"] = lr
+            if skip is not None:
+                ins["SkipUpdate"] = skip
             kernel(ins, attrs)
     keep = [i for i, g in enumerate(grads) if not g.is_sparse]
     return {s: [v[i] for i in keep] for s, v in cols.items()}
@@ -160,47 +189,51 @@ def _foreach_sub_lr_times(ps, steps, lr):
     """``ps[i] -= lr * steps[i]`` in place (see ``_minus_lr``)."""
     alpha = _minus_lr(lr)
     if alpha is None:
-        torch._foreach_sub_(ps, torch._foreach_mul(steps, [lr] * len(steps)))
+        torch._foreach_sub_(ps, torch._foreach_mul(steps, _lr_scalar(lr)))
     else:
         torch._foreach_add_(ps, steps, alpha=alpha)
 
 
-def sgd_foreach(cols, lr, attrs):
+def sgd_foreach(cols, lr, attrs, skip=None):
     """Fused ``sgd`` over every (Param, Grad) of ``cols``."""
-    cols = _sparse_apart(sgd, cols, lr, attrs)
+    cols = _sparse_apart(sgd, cols, lr, attrs, skip)
     if not cols["Param"]:
         return
     ps = cols["Param"]
+    saved = _snapshot(ps, skip)
     gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
     _foreach_sub_lr_times(ps, gs, lr)
+    _restore(saved, skip)
 
 
-def momentum_foreach(cols, lr, attrs):
+def momentum_foreach(cols, lr, attrs, skip=None):
     """Fused ``momentum`` (Nesterov too)."""
-    cols = _sparse_apart(momentum, cols, lr, attrs)
+    cols = _sparse_apart(momentum, cols, lr, attrs, skip)
     if not cols["Param"]:
         return
     ps, vs, mu = cols["Param"], cols["Velocity"], attrs["mu"]
+    saved = _snapshot(ps + vs, skip)
     gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
     torch._foreach_mul_(vs, mu)
     torch._foreach_add_(vs, gs)
     steps = torch._foreach_add(gs, vs, alpha=mu) if attrs["use_nesterov"] else vs
     _foreach_sub_lr_times(ps, steps, lr)
+    _restore(saved, skip)
 
 
-def adam_foreach(cols, lr, attrs):
+def adam_foreach(cols, lr, attrs, skip=None):
     """Fused ``adam`` / AdamW."""
-    cols = _sparse_apart(adam, cols, lr, attrs)
+    cols = _sparse_apart(adam, cols, lr, attrs, skip)
     if not cols["Param"]:
         return
     ps, m1s, m2s = cols["Param"], cols["Moment1"], cols["Moment2"]
+    saved = _snapshot(ps + m1s + m2s + cols["Beta1Pow"] + cols["Beta2Pow"], skip)
     b1ps, b2ps = cols["Beta1Pow"], cols["Beta2Pow"]
     b1, b2, wd = attrs["beta1"], attrs["beta2"], attrs["weight_decay"]
     gs = cols["Grad"]
     if attrs["decoupled"]:
         if wd:
-            factor = 1 - lr * wd
-            torch._foreach_mul_(ps, [factor] * len(ps))
+            torch._foreach_mul_(ps, _lr_scalar(1 - lr * wd))
     else:
         gs = _decayed_all(gs, ps, wd)
     torch._foreach_mul_(b1ps, b1)
@@ -216,8 +249,10 @@ def adam_foreach(cols, lr, attrs):
     torch._foreach_add_(denom, attrs["epsilon"])
     bc1 = torch._foreach_neg(b1ps)
     torch._foreach_add_(bc1, 1)
+    # lr / (1 - b1p) per parameter: a list of 0-dim tensors on both sides (one kernel)
     step_size = torch._foreach_div([lr] * len(ps), bc1)
     torch._foreach_sub_(ps, torch._foreach_mul(torch._foreach_div(m1s, denom), step_size))
+    _restore(saved, skip)
 
 
 FUSED = {"sgd": sgd_foreach, "momentum": momentum_foreach, "adam": adam_foreach}

@@ -17,9 +17,9 @@ torch.fx's code generator writes a ``GraphModule``:
   from names, or type dispatch happen per op;
 * results that may alias an input are copied only where ``graph.aliasing``
   decided they must be (``copy``), and such copies are counted;
-* optimizer ops of one kind and learning rate run as one ``torch._foreach_*``
-  call (``ops.optim.FUSED``) at the place of the last of them, when no handle in
-  between touches what they update.
+* optimizer ops of one kind, learning rate and ``SkipUpdate`` (fp16 loss scaling)
+  run as one ``torch._foreach_*`` call (``ops.optim.FUSED``) at the place of the
+  last of them, when no handle in between touches what they update.
 
 Errors. The generated code has one line per load and per op; when anything
 raises, ``Lowered.error`` maps the traceback's line in the generated frame back
@@ -546,17 +546,27 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
 
 
 # --- fused optimizer updates ---------------------------------------------------------------
+def _version(h, slot):
+    """The one input version of ``h`` in ``slot``, None when the slot is empty, or False."""
+    names = h.op.input(slot)
+    if not names:
+        return None
+    found = [v for v in h.inputs if not v.is_dummy and v.name in names]
+    return found[0] if len(found) == 1 else False
+
+
 def _fusable(h):
-    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED or \
-            h.op.input("SkipUpdate"):
+    # updates fuse when they share kind, attributes, learning rate and SkipUpdate (fp16
+    # loss scaling: the one FoundInf of the step), which the fused pass takes once
+    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED:
         return None
     od = get_op_def(h.op.type)
     attrs = od.full_attrs(h.op.attrs)
-    lr = [v for v in h.inputs if not v.is_dummy and v.name in h.op.input("LearningRate")]
-    if len(lr) != 1:
+    lr, skip = _version(h, "LearningRate"), _version(h, "SkipUpdate")
+    if lr is None or lr is False or skip is False:
         return None
     try:
-        key = (h.op.type, tuple(sorted(attrs.items())), id(lr[0]))
+        key = (h.op.type, tuple(sorted(attrs.items())), id(lr), id(skip))
         hash(key)
     except TypeError:
         return None
@@ -601,9 +611,10 @@ def _emit_fused(em, group, plan):
             names = h.op.input(s)
             cols[s].append(_load(em, by_name[names[0]], h) if names else "None")
     lr = cols.pop("LearningRate")[0]
+    skip = cols.pop("SkipUpdate", ["None"])[0]
     args = ", ".join(f"{s!r}: [{', '.join(v)}]" for s, v in cols.items())
-    em.emit(f"{em.const(FUSED[op_type], 'fz')}({{{args}}}, {lr}, {em.const(attrs, 'a')})",
-            h0)
+    em.emit(f"{em.const(FUSED[op_type], 'fz')}({{{args}}}, {lr}, {em.const(attrs, 'a')}, "
+            f"{skip})", h0)
     for h in group:
         by_name = {v.name: v for v in h.inputs if not v.is_dummy}
         for v in h.outputs:
