@@ -49,7 +49,8 @@ may still read it. So are the step's external inputs (``external_inputs``:
 feeds, made on a stream the step does not order, such as a data loader's copy
 stream), on every stream of their device, at ``start``: the host no longer waits
 for the step, so a feed the caller drops when ``run`` returns must not be reused
-before the step has read it. Every event is made once, when the graph is bound.
+before the step has read it. Outside a capture, every event is made once, when
+the graph is bound.
 """
 
 import contextlib
