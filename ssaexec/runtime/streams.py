@@ -249,8 +249,8 @@ class StreamSync:
         used = {}
         for i, s in enumerate(self.streams):
             for t in ((s,) + self.extra[i] if s is not None else ()):
-                used.setdefault(t, None)
-        self._used = tuple(used)
+                used.setdefault(id(t), t)
+        self._used = tuple(used.values())
         self._end_events = tuple(torch.cuda.Event() for _ in self._used)
         self._start_events = {s.device: torch.cuda.Event() for s in self._used}
         self.external = tuple(
