@@ -1,4 +1,4 @@
-"""Validate the scaling simulator against measured CPU runs on this machine (issue 19).
+"""Validate the scaling simulator against measured runs on this machine (CPU or one GPU).
 
 ``python bench/validate_sim.py`` (``make validate-sim``) predicts, then measures, one
 program (default ``examples/small_resnet.json``, batch 16 per place) in four
@@ -27,6 +27,17 @@ Reported: per configuration the median over rounds of the predicted and measured
 times and the error of the predicted median; the target is within 15 %. JSON with
 every round goes to ``--json`` (default ``out/validate_sim.json``); ``--markdown``
 prints the table for docs/simulator.md.
+
+``--device cuda`` validates on one GPU instead, in two configurations of one process:
+"1 place" (``cuda:0``) and "2 places on one GPU" (``cuda:0,0``; the simulator makes
+them share the device's throughput), batch 1024 per place by default (the example is
+narrow: a small batch leaves the GPU waiting on launches). Each round calibrates the
+GPU (``calibrate.calibrate_gpu``'s parts: host constants with the chain on the CUDA
+place, ``LocalCollective``'s all-reduce on the device, kernel_min, memory bandwidth,
+FLOP/s), profiles the program on ``cuda:0`` (``Profile.measure``: launch times, then
+device times with ``cuda_sync``), predicts both and measures both. Same table and JSON
+(default ``out/validate_sim_gpu.json``).
+Without a GPU it says so on one line and exits 0.
 """
 
 import argparse
@@ -54,6 +65,10 @@ BURST_BYTES = 1 << 14  # the size of the gloo burst: a small gradient
 CONFIGS = [("1 place", 1, "process-per-node", 2), ("2 places", 2, "process-per-node", 1),
            ("4 places", 4, "process-per-node", 1), ("2 processes (gloo)", 2,
                                                    "process-per-gpu", 1)]
+# --device cuda: (name, places on cuda:0, layout, torch threads: not the GPU's concern)
+GPU_CONFIGS = [("1 place", 1, "process-per-node", None),
+               ("2 places on one GPU", 2, "process-per-node", None)]
+GPU_BATCH = 1024
 
 
 def _load(path):
@@ -77,14 +92,17 @@ def _steps(pe, loss, feed, warmup, steps):
 
 
 def measure_places(main, startup, loss, places, batch, warmup, steps, torch_threads=None):
-    """Median step seconds of one process with ``places`` CPU places (default strategies)."""
+    """Median step seconds of one process with ``places`` (a count of CPU places, or a
+    list of places) and default strategies."""
     from ssaexec.synthetic import synthetic_feed
-    pe = se.ParallelExecutor(places=se.cpu_places(places), main_program=main,
+    places = se.cpu_places(places) if isinstance(places, int) else places
+    pe = se.ParallelExecutor(places=places, main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
                              exec_strategy=se.ExecutionStrategy(torch_threads=torch_threads),
                              distributed=False)
     try:
-        times, busy = _steps(pe, loss, synthetic_feed(main, batch * places), warmup, steps)
+        times, busy = _steps(pe, loss, synthetic_feed(main, batch * len(places)), warmup,
+                             steps)
     finally:
         pe.close()
     return statistics.median(times), times, busy
@@ -233,19 +251,7 @@ def one_round(args, main, startup, loss, k):
         pred = sim.predict(main, profiles[want[name]], cluster, n, layout)
         meas, times, busy, window = measured[name]
         foreign = _worst(calib, profiled[want[name]], window)
-        rows.append({"config": name, "ranks": n, "layout": layout,
-                     "predicted_ms": pred.step_s * 1e3, "measured_ms": meas * 1e3,
-                     "error": pred.step_s / meas - 1, "measured_steps_ms":
-                     [t * 1e3 for t in times], "cores_busy": busy,
-                     "foreign_cores": foreign, "torch_threads": want[name],
-                     "predicted_inline": pred.result.inline,
-                     "bound_by": pred.bound_by(),
-                     "critical_path_ms": {c: v * 1e3 for c, v in
-                                          pred.result.critical_summary().items()},
-                     "notes": pred.notes})
-        print(f"  round {k + 1}: {name:<20} predicted {pred.step_s * 1e3:7.2f} ms  measured "
-              f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%}), {busy:.2f} cores busy, "
-              f"other processes {_cores(foreign)}", flush=True)
+        rows.append(_row(k, name, n, layout, want[name], pred, meas, times, busy, foreign))
     return {"round": k + 1, "loadavg": load, "seconds": time.perf_counter() - t0,
             "cluster": cluster.to_dict(), "host": host, "local_sum": local, "gloo": gloo,
             "gloo_burst": burst,
@@ -253,15 +259,67 @@ def one_round(args, main, startup, loss, k):
             "rows": rows}
 
 
+def _row(k, name, n, layout, threads, pred, meas, times, busy, foreign):
+    """One configuration's record of a round; prints its line."""
+    print(f"  round {k + 1}: {name:<20} predicted {pred.step_s * 1e3:7.2f} ms  measured "
+          f"{meas * 1e3:7.2f} ms  ({pred.step_s / meas - 1:+.1%}), {busy:.2f} cores busy, "
+          f"other processes {_cores(foreign)}", flush=True)
+    return {"config": name, "ranks": n, "layout": layout,
+            "predicted_ms": pred.step_s * 1e3, "measured_ms": meas * 1e3,
+            "error": pred.step_s / meas - 1, "measured_steps_ms":
+            [t * 1e3 for t in times], "cores_busy": busy,
+            "foreign_cores": foreign, "torch_threads": threads,
+            "predicted_inline": pred.result.inline,
+            "bound_by": pred.bound_by(),
+            "critical_path_ms": {c: v * 1e3 for c, v in
+                                 pred.result.critical_summary().items()},
+            "notes": pred.notes}
+
+
+def gpu_places(n):
+    """``n`` places on cuda:0 (``cuda:0,0`` for 2), as ``parse_places`` makes them."""
+    return se.parse_places("cuda:" + ",".join(["0"] * n))
+
+
+def one_round_gpu(args, main, startup, loss, k):
+    """Calibrate this GPU, profile on cuda:0, then predict and measure 1 and 2 places on it."""
+    load = list(os.getloadavg())
+    t0 = time.perf_counter()
+    place = se.CUDAPlace(0)
+    with Window() as calib:
+        host = calibrate.calibrate_host(place=place)
+        local = calibrate.local_sum_sweep(device=place.device)
+        device = calibrate.gpu_device(place.device)
+    cluster = calibrate.gpu_cluster(host, local, device)
+    with Window() as profiled:
+        profile = sim.Profile.measure(main, startup, batch=args.batch, place=place,
+                                      steps=args.profile_steps,
+                                      readable_extra_s=host["readable_extra_s"])
+    rows = []
+    for name, n, layout, threads in GPU_CONFIGS:
+        with Window() as w:
+            meas, times, busy = measure_places(main, startup, loss, gpu_places(n), args.batch,
+                                               args.warmup, args.steps, args.torch_threads)
+        pred = sim.predict(main, profile, cluster, n, layout, places_per_device=n)
+        rows.append(_row(k, name, n, layout, threads, pred, meas, times, busy,
+                         _worst(calib, profiled, w)))
+    return {"round": k + 1, "loadavg": load, "seconds": time.perf_counter() - t0,
+            "cluster": cluster.to_dict(), "host": host, "local_sum": local, "device": device,
+            "profile_device_ms": {"cuda:0": profile.total_device_s() * 1e3},
+            "profile_host_ms": {"cuda:0": sum(c.host_s or 0.0 for c in
+                                              profile.costs.values()) * 1e3},
+            "rows": rows}
+
+
 def _cores(x):
     return "?" if x is None else f"{x:.2f} cores"
 
 
-def summarise(rounds, quiet_cores):
+def summarise(rounds, quiet_cores, configs=CONFIGS):
     """Medians over the rounds in which other processes kept at most ``quiet_cores``
     busy (all rounds, marked, when none was that quiet)."""
     out = []
-    for i, (name, n, layout, _) in enumerate(CONFIGS):
+    for i, (name, n, layout, _) in enumerate(configs):
         rows = [r["rows"][i] for r in rounds]
         quiet = [r for r in rows if r["foreign_cores"] is not None and
                  r["foreign_cores"] <= quiet_cores]
@@ -280,11 +338,19 @@ def summarise(rounds, quiet_cores):
 
 
 def markdown(summary, machine, args):
-    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
-             f"{machine['date']} (load average at start {machine['loadavg_start']}); "
-             f"program `{args.program}`, batch {args.batch} per place, {args.rounds} rounds "
-             f"of {args.steps} steps, torch threads per place: "
-             f"{args.torch_threads or 'the executor default (2 for 1 place, else 1)'}.", "",
+    if args.device == "cuda":
+        head = (f"Machine: {', '.join(machine['gpus'])} on {machine['cpu']}, "
+                f"{machine['cores']} cores, torch {machine['torch']}, {machine['date']} (load "
+                f"average at start {machine['loadavg_start']}); program `{args.program}`, "
+                f"batch {args.batch} per place, {args.rounds} rounds of {args.steps} steps, "
+                "places cuda:0 and cuda:0,0.")
+    else:
+        head = (f"Machine: {machine['cpu']}, {machine['cores']} cores, torch "
+                f"{machine['torch']}, {machine['date']} (load average at start "
+                f"{machine['loadavg_start']}); program `{args.program}`, batch {args.batch} "
+                f"per place, {args.rounds} rounds of {args.steps} steps, torch threads per "
+                f"place: {args.torch_threads or 'the executor default (2 for 1 place, else 1)'}.")
+    lines = [head, "",
              "| configuration | predicted ms/step | measured ms/step | error | within 15 % | "
              "rounds (quiet/all) | cores busy | other processes | bound by (prediction) |",
              "|---|---:|---:|---:|---|---|---:|---:|---|"]
@@ -301,7 +367,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--program", default="examples/small_resnet.json")
-    p.add_argument("--batch", type=int, default=16, help="samples per place (default 16)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: 1, 2, 4 CPU places and 2 gloo processes (default); cuda: 1 "
+                        "and 2 places on one GPU")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"samples per place (default 16; {GPU_BATCH} with --device cuda)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=5)
@@ -312,20 +382,34 @@ def main(argv=None):
     p.add_argument("--quiet-cores", type=float, default=0.2,
                    help="a round counts when other processes kept at most this many cores "
                         "busy during its calibration, profile and measurement (default 0.2)")
-    p.add_argument("--json", default="out/validate_sim.json")
+    p.add_argument("--json", default=None,
+                   help="default out/validate_sim.json (--device cuda: out/validate_sim_gpu.json)")
     p.add_argument("--markdown", action="store_true", help="print the docs table")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    cuda = args.device == "cuda"
+    if args.batch is None:
+        args.batch = GPU_BATCH if cuda else 16
+    if args.json is None:
+        args.json = "out/validate_sim_gpu.json" if cuda else "out/validate_sim.json"
     if args.worker:
         worker(args)
+        return 0
+    if cuda and not torch.cuda.is_available():
+        # one line, exit 0: a machine without a GPU has nothing to validate here
+        print(f"validate-sim --device cuda: skipped, torch {torch.__version__} sees no GPU "
+              f"(CUDA build {torch.version.cuda})")
         return 0
     from ssaexec.bench import machine_description
     machine = machine_description()
     main_prog, startup, loss = _load(args.program)
+    where = f"{machine['gpus'][0]} (1 and 2 places on cuda:0)" if cuda else \
+        f"{machine['cpu']} ({machine['cores']} cores)"
     print(f"validate-sim: {args.program}, batch {args.batch} per place, {args.rounds} rounds "
-          f"on {machine['cpu']} ({machine['cores']} cores), load {machine['loadavg_start']}")
-    rounds = [one_round(args, main_prog, startup, loss, k) for k in range(args.rounds)]
-    summary = summarise(rounds, args.quiet_cores)
+          f"on {where}, load {machine['loadavg_start']}")
+    run_round = one_round_gpu if cuda else one_round
+    rounds = [run_round(args, main_prog, startup, loss, k) for k in range(args.rounds)]
+    summary = summarise(rounds, args.quiet_cores, GPU_CONFIGS if cuda else CONFIGS)
     print()
     print(markdown(summary, machine, args))
     out = Path(args.json)

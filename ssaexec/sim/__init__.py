@@ -9,7 +9,7 @@ Modules, one concept each:
   threads, streams, collectives) and its critical path;
 * ``predict``: whole configurations (ranks, process layout, build strategy), scaling
   sweeps and bucket-size sweeps;
-* ``calibrate``: a CPU cluster for this machine, measured;
+* ``calibrate``: a cluster of this machine's CPU places, or of its GPU, measured;
 * ``report``: table, JSON and plot.
 
 docs/simulator.md explains the model and its validation against measured runs.

@@ -1,4 +1,4 @@
-"""A CPU cluster for this machine, measured: host constants and all-reduce sweeps.
+"""A cluster for this machine, measured: host constants and all-reduce sweeps.
 
 ``calibrate_cpu`` measures what the engine needs to replay CPU places, each with a
 small program of its own, never the program being predicted:
@@ -29,6 +29,16 @@ intra-node ``Link`` of the CPU cluster: a 2-rank ring costs ``2α + S/B``.
 ``gloo_burst`` times a burst of asynchronous all-reduces, as the executor issues them:
 the host time of one call (``Cluster.collective_issue_s``) and how many progress at
 once (``Cluster.comm_channels``).
+
+``calibrate_gpu`` does the same for one GPU, for places on it (``cuda:0`` and
+``cuda:0,0``): the host constants above with the chain on a CUDA place (its launches
+are the host's work; ``parallel_efficiency`` is a CPU figure and stays 1); the
+``LocalCollective`` all-reduce of 2 and 4 places on the device, its device time
+(``device_time``: the calls queued behind ``torch.cuda._sleep`` so they run back to
+back, timed by CUDA events, launches excluded); ``Device.kernel_min`` (a tiny kernel
+back to back), ``mem_bw`` (a 256 MiB copy) and ``flops`` (a fp32 matrix product at
+torch's current TF32 setting). Not calibrated: ``graph_launch_s`` (CUDA graphs are
+not replayed here), NCCL's links (one GPU has none).
 """
 
 import os
@@ -42,7 +52,8 @@ import torch
 from .cluster import Cluster, Device, Host, Link
 
 __all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "gloo_burst",
-           "fit_latency_bandwidth", "parallel_speedup", "cpu_cluster", "calibrate_cpu", "cpu_name"]
+           "fit_latency_bandwidth", "parallel_speedup", "cpu_cluster", "calibrate_cpu",
+           "cpu_name", "device_time", "gpu_device", "gpu_cluster", "calibrate_gpu"]
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 
@@ -74,12 +85,12 @@ def _chain_program(n_ops):
     return main, out.name
 
 
-def _executor(main, out, places=1, **strategy):
+def _executor(main, out, place=None, **strategy):
     from ..parallel_executor import ParallelExecutor
-    from ..place import cpu_places
+    from ..place import CPUPlace
     from ..runtime.scope import Scope
     from ..strategy import ExecutionStrategy
-    return ParallelExecutor(places=cpu_places(places), main_program=main, scope=Scope(),
+    return ParallelExecutor(places=[place or CPUPlace(0)], main_program=main, scope=Scope(),
                             exec_strategy=ExecutionStrategy(**strategy), distributed=False)
 
 
@@ -185,16 +196,18 @@ def parallel_speedup(max_cores=None, seconds=0.15, repeats=5):
         torch.set_num_threads(prev)
 
 
-def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
+def calibrate_host(n_ops=300, runs=20, default_gil=0.4, place=None):
     """Measure ``op_s``, ``readable_extra_s``, ``gil_fraction``, ``hop_s``, ``step_s`` with
-    one torch thread, and the ``speedup`` of k cores; returns a dict (module docstring)."""
+    one torch thread, and the ``speedup`` of k cores (CPU places; ``{}`` on a CUDA
+    ``place``, whose chain's launches are what is timed); returns a dict (module
+    docstring)."""
     from ..trace import OpTimer
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         main, out = _chain_program(n_ops)
         feed = {"x": torch.randn(4, 4)}
-        pe = _executor(main, out, num_threads=1, torch_threads=1)
+        pe = _executor(main, out, place, num_threads=1, torch_threads=1)
         try:
             _time_runs(pe, out, feed, 3)
             chain = _time_runs(pe, out, feed, runs)
@@ -207,7 +220,7 @@ def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
         finally:
             pe.close()
         one, out1 = _chain_program(1)
-        pe1 = _executor(one, out1, num_threads=1, torch_threads=1)
+        pe1 = _executor(one, out1, place, num_threads=1, torch_threads=1)
         try:
             _time_runs(pe1, out1, feed, 3)
             tiny = _time_runs(pe1, out1, feed, runs * 5)
@@ -215,18 +228,20 @@ def calibrate_host(n_ops=300, runs=20, default_gil=0.4):
             pe1.close()
         op_s = (chain - tiny) / (n_ops - 1)
         step_s = max(0.0, tiny - 2 * op_s)
-        ratio = _two_threads(main, out, feed, runs) if (os.cpu_count() or 1) >= 2 else 0.0
+        ratio = _two_threads(main, out, feed, runs, place) if (os.cpu_count() or 1) >= 2 \
+            else 0.0
         gil = min(1.0, ratio / 2) if ratio > 1.05 else default_gil
+        cuda = place is not None and place.is_cuda
         return {"op_s": op_s, "readable_extra_s": max(0.0, per_op_readable - op_s),
                 "gil_fraction": gil, "two_thread_ratio": ratio, "hop_s": _hop_latency(),
-                "step_s": step_s, "speedup": parallel_speedup()}
+                "step_s": step_s, "speedup": {} if cuda else parallel_speedup()}
     finally:
         torch.set_num_threads(prev)
 
 
-def _two_threads(main, out, feed, runs):
+def _two_threads(main, out, feed, runs, place=None):
     """Wall time of two threads each running the chain, over one thread's."""
-    pes = [_executor(main, out, num_threads=1, torch_threads=1) for _ in range(2)]
+    pes = [_executor(main, out, place, num_threads=1, torch_threads=1) for _ in range(2)]
     try:
         for pe in pes:
             _time_runs(pe, out, feed, 3)
@@ -253,11 +268,22 @@ def _two_threads(main, out, feed, runs):
             pe.close()
 
 
-def local_sum_sweep(sizes=SIZES, places=(2, 4), repeats=15):
-    """``[(places, bytes, seconds)]`` of ``LocalCollective.all_reduce`` (float32)."""
+def local_sum_sweep(sizes=SIZES, places=(2, 4), repeats=15, device=None):
+    """``[(places, bytes, seconds)]`` of ``LocalCollective.all_reduce`` (float32).
+
+    ``device`` (a CUDA ``torch.device``): every place's tensor on that one device (places
+    sharing a GPU), seconds of device time per call (``device_time``)."""
     from ..runtime.collective import LocalCollective
     coll = LocalCollective()
     out = []
+    if device is not None and torch.device(device).type == "cuda":
+        for p in places:
+            for s in sizes:
+                ts = [torch.randn(max(1, s // 4), device=device) for _ in range(p)]
+                _, dev = device_time(lambda ts=ts: coll.all_reduce(ts), device,
+                                     repeats=max(3, repeats // 3))
+                out.append((p, s, dev))
+        return out
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -388,6 +414,100 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None, burst=None):
         sources=("calibrated by ssaexec.sim.calibrate on this machine",
                  "collectives in flight: a burst of asynchronous gloo all-reduces against "
                  "one blocking one (ProcessGroupGloo runs 2 worker threads by default)"))
+
+
+def _sleep_rate(device):
+    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (its clock, measured)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 1_000_000
+    torch.cuda._sleep(cycles)  # the first call loads the kernel
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / max(a.elapsed_time(b) / 1e3, 1e-9)
+
+
+def device_time(fn, device, calls=50, repeats=5):
+    """``(host seconds, device seconds)`` per call of ``fn`` (GPU work on the current
+    stream of CUDA ``device``).
+
+    The host time is what queueing ``calls`` calls takes; for the device time the
+    stream is first held by ``torch.cuda._sleep`` for longer than that, so the calls'
+    kernels run back to back, without the gaps of their launches, between two CUDA
+    events (medians of ``repeats``).
+    """
+    with torch.cuda.device(device):
+        fn()
+        torch.cuda.synchronize()
+        rate = _sleep_rate(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host, dev = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            queued = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            # hold the stream well past the time it takes to queue the calls again
+            torch.cuda._sleep(int(rate * (2 * queued + 1e-3)))
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            host.append(queued / calls)
+            dev.append(start.elapsed_time(end) / 1e3 / calls)
+        return statistics.median(host), statistics.median(dev)
+
+
+def gpu_device(device, copy_bytes=256 << 20, matmul_n=4096):
+    """``{name, kernel_min, mem_bw, flops}`` of CUDA ``device``, measured (module docstring)."""
+    device = torch.device(device)
+    tiny = torch.zeros(4, device=device)
+    _, kernel_min = device_time(lambda: tiny.add_(1.0), device, calls=200)
+    src = torch.empty(copy_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    _, copy_s = device_time(lambda: dst.copy_(src), device, calls=10)
+    del src, dst
+    a = torch.randn(matmul_n, matmul_n, device=device)
+    b = torch.randn(matmul_n, matmul_n, device=device)
+    _, mm_s = device_time(lambda: a @ b, device, calls=10)
+    return {"name": torch.cuda.get_device_name(device), "kernel_min": kernel_min,
+            "mem_bw": 2 * copy_bytes / copy_s,  # a copy reads and writes every byte
+            "flops": 2 * matmul_n ** 3 / mm_s,
+            "tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
+
+
+def gpu_cluster(host, local, device, name=None):
+    """A one-GPU ``Cluster`` from measured parts: ``host`` (``calibrate_host(place=a
+    CUDA place)``), ``local`` (``local_sum_sweep(device=...)``) and ``device``
+    (``gpu_device()``). Places sharing the GPU all-reduce with ``local_sum``; the
+    links stand for it too (one GPU has no NCCL link to measure)."""
+    from ..place import available_cores
+    alpha, bw = _fit_local(local)
+    link = Link(bw, alpha)
+    return Cluster(
+        name or f"{device['name']} (this GPU)", 1,
+        Device("gpu", device["name"], flops=device["flops"], mem_bw=device["mem_bw"],
+               kernel_min=device["kernel_min"]),
+        Host(cores=available_cores(), op_s=host["op_s"], gil_fraction=host["gil_fraction"],
+             hop_s=host["hop_s"], step_s=host["step_s"],
+             readable_extra_s=host["readable_extra_s"]),
+        intra=link, inter=link, collective_launch=0.0, comm_channels=1, local_sum=(alpha, bw),
+        description=f"this machine: one {device['name']}, {available_cores()} cores of "
+                    f"{cpu_name()}; places on the GPU all-reduce with LocalCollective",
+        sources=("calibrated by ssaexec.sim.calibrate on this machine (calibrate_gpu)",
+                 "graph_launch_s: the default, not measured"))
+
+
+def calibrate_gpu(place):
+    """``(Cluster, raw measurements)`` for places on the GPU of CUDA ``place``."""
+    host = calibrate_host(place=place)
+    local = local_sum_sweep(device=place.device)
+    device = gpu_device(place.device)
+    return gpu_cluster(host, local, device), {"host": host, "local_sum": local,
+                                              "device": device}
 
 
 def calibrate_cpu(gloo=None):

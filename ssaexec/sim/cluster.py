@@ -92,8 +92,9 @@ class Cluster:
     communication stream; gloo: its worker threads). ``collective_issue_s``: host
     seconds to start one cross-process collective beyond an op's launch (a gloo
     call's bookkeeping; measured for CPU clusters). ``local_sum``: (α, bytes/s)
-    of the in-process host-side collective of CPU places (``LocalCollective``:
-    ``(P-1) · (α + S/B)`` for ``P`` places), None where collectives are NCCL's.
+    of the in-process collective ``LocalCollective`` (``(P-1) · (α + S/B)`` for ``P``
+    places): host work of CPU places, device work of GPU places sharing one device;
+    None where collectives are NCCL's.
     ``sources``: where the figures come from.
     """
 

@@ -25,11 +25,20 @@ The model, resource by resource:
   stream) have finished; the thread does not wait for it. A CPU place runs its
   kernels on the launching thread (GIL released) on ``threads`` of the cores this
   process gets of the machine, which its host work also needs.
+* **Shared devices.** GPU places on one device (``CUDAPlace(i, d)`` with the same
+  ``d``: ``cuda:0,0``) share its throughput: each op was profiled with the whole
+  device to itself, so their kernels, on any of their streams, take turns on one
+  slot per device (two places' compute-bound steps take twice one place's device
+  time). An upper bound for kernels too small to fill the device, which could
+  overlap; places on devices of their own keep overlapping streams.
 * **Collectives.** In-process collectives of CPU places are host work
   (``Cluster.local_sum``: ``(P-1)·(α + S/B)``); of GPU places, a kernel on the
-  communication stream. Across processes, the executor's hierarchical all-reduce:
-  sum the local places, all-reduce one tensor per process (``Cluster.comm_channels``
-  at once, e.g. gloo's worker threads or NCCL's stream), copy back; with
+  communication stream: NCCL's cost model across devices, ``Cluster.local_sum`` when
+  places share a device (NCCL refuses them; ``LocalCollective`` adds and copies on
+  that device, its (α, B) calibrated there). Across processes, the executor's
+  hierarchical all-reduce: sum the local places, all-reduce one tensor per process
+  (``Cluster.comm_channels`` at once, e.g. gloo's worker threads or NCCL's stream),
+  copy back; with
   ``BuildStrategy(async_allreduce=True)`` the start handle returns at once and the
   wait handle blocks its thread (GIL released) until the network is done.
 * **Step.** ``Host.step_s`` per place before the graph (feeds), and the step ends
@@ -215,6 +224,14 @@ def _latest(pairs):
     return t, act
 
 
+def _shared_device_slots(places):
+    """Per place, the slot of its device when other places share it, else None."""
+    dev = [getattr(p, "device_index", p.index) if getattr(p, "is_cuda", False) else None
+           for p in places]
+    slots = {d: _Slot() for d in set(dev) if d is not None and dev.count(d) > 1}
+    return [slots.get(d) for d in dev]
+
+
 class _Thread:
     __slots__ = ("idx", "gen", "node", "last", "idle")
 
@@ -257,6 +274,8 @@ class _Replay:
         self.streams = [{"compute": _Slot(), "comm": _Slot(), "fetch": _Slot()}
                         for _ in range(self.P)]
         self.proc_comm = _Slot()  # the process's collective stream (GPU)
+        self.device_slot = _shared_device_slots(graph.places) if self.gpu else [None] * self.P
+        self.shared = any(s is not None for s in self.device_slot)
         self.channels = [_Slot() for _ in range(max(1, cluster.comm_channels))]
         # processes of one node act as ranks of a cluster with that many per node
         self.proc_cluster = cluster.replace(gpus_per_node=self.procs_per_node)
@@ -314,9 +333,10 @@ class _Replay:
         P = self.P
         if P <= 1 or not self.comm:
             return 0.0
-        if self.gpu or self.cluster.local_sum is None:
+        if self.cluster.local_sum is None or (self.gpu and not self.shared):
             k = "reduce" if coll == "all_reduce" and self.procs > 1 else coll
             return self.net_time(k, nbytes, P)
+        # CPU places: host work; GPU places sharing a device: LocalCollective's kernels
         alpha, bw = self.cluster.local_sum
         t = (P - 1) * (alpha + nbytes / bw)
         return t if coll == "all_reduce" else t / 2
@@ -363,12 +383,19 @@ class _Replay:
         self.busy["device"] += seconds
         return a.end
 
-    def stream_work(self, slot, seconds, label, after, cat="device"):
-        """Work on a stream (or channel) ``slot`` once ``after`` (time, activity) pairs
-        have passed; returns its activity."""
-        start, prev = _latest([(slot.free, slot.last)] + list(after))
+    def stream_work(self, slot, seconds, label, after, cat="device", place=0):
+        """Work on a stream (or channel) ``slot`` of ``place`` once ``after`` (time,
+        activity) pairs have passed, and its device's turn where places share it;
+        returns its activity."""
+        shared = self.device_slot[place]
+        cands = [(slot.free, slot.last)] + list(after)
+        if shared is not None:
+            cands.append((shared.free, shared.last))
+        start, prev = _latest(cands)
         a = self.act(start, start + seconds, cat, label, prev)
         slot.free, slot.last = a.end, a
+        if shared is not None:
+            shared.free, shared.last = a.end, a
         self.busy["comm" if cat == "comm" else "device"] += seconds
         return a
 
@@ -389,8 +416,9 @@ class _Replay:
         label = h.name
         t = self.host_work(thread, c.host_s, label)
         if self.gpu:
-            slot = self.streams[h.place_idx if h.on_one_place else 0][h.stream]
-            a = self.stream_work(slot, c.device_s, label, [(t, thread.last)] + self.deps(h))
+            place = h.place_idx if h.on_one_place else 0
+            a = self.stream_work(self.streams[place][h.stream], c.device_s, label,
+                                 [(t, thread.last)] + self.deps(h), place=place)
             self.dev_end[h.id] = (a.end, a)
             yield t
             return
@@ -422,7 +450,8 @@ class _Replay:
             h = group[-1]
             slot = self.streams[h.place_idx]["compute"]
             deps = [d for g in group for d in self.deps(g)]
-            a = self.stream_work(slot, device_s, label, [(t, thread.last)] + deps)
+            a = self.stream_work(slot, device_s, label, [(t, thread.last)] + deps,
+                                 place=h.place_idx)
             for g in group:
                 self.dev_end[g.id] = (a.end, a)
             yield t

@@ -14,8 +14,10 @@ Layouts:
 * ``process-per-node`` (one process drives all local GPUs, the executor's own
   multi-place mode): ``P = min(N, gpus per node)``, ``N / P`` processes.
 
-Ranks never share a GPU. On a CPU cluster "GPUs" are CPU places and the machine is
-one node, so ``process-per-node`` is one process with ``N`` places.
+Ranks share a GPU only with ``places_per_device`` > 1 (``process-per-node``: one
+process's places ``cuda:0,0``, as the executor runs them on one GPU; the engine makes
+them share that device's throughput). On a CPU cluster "GPUs" are CPU places and the
+machine is one node, so ``process-per-node`` is one process with ``N`` places.
 """
 
 import copy
@@ -75,23 +77,31 @@ class Prediction:
                 "bound_by": self.bound_by(), "notes": list(self.notes or ())}
 
 
-def _places(cluster, n):
-    cls = CUDAPlace if cluster.device.is_gpu else CPUPlace
-    return [cls(i) for i in range(n)]
+def _places(cluster, n, per_device=1):
+    if cluster.device.is_gpu:
+        return [CUDAPlace(i, i // per_device) for i in range(n)]
+    return [CPUPlace(i) for i in range(n)]
 
 
-def layout_of(cluster, ranks, layout):
+def layout_of(cluster, ranks, layout, places_per_device=1):
     """(places per process, processes) of ``ranks`` ranks in ``layout``."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if places_per_device < 1 or (places_per_device > 1 and not cluster.device.is_gpu):
+        raise ValueError(f"places_per_device must be 1, or more on a GPU cluster; got "
+                         f"{places_per_device}")
     if layout == "process-per-gpu":
+        if places_per_device > 1:
+            # the replay sees one process: another process's kernels on its GPU would not
+            # show, so sharing a device is modelled for one process's places only
+            raise ValueError("places_per_device > 1 needs layout 'process-per-node'")
         return 1, ranks
-    p = min(ranks, cluster.gpus_per_node)
+    p = min(ranks, cluster.gpus_per_node * places_per_device)
     return p, math.ceil(ranks / p)
 
 
 def build_graph(program, cluster, places, processes, build_strategy=None, fetch=None,
-                cache=None):
+                cache=None, places_per_device=1):
     """The SSA graph of one process with ``places`` places out of ``processes``.
 
     ``cache`` (a dict, for the predictions of one unchanged program) keeps graphs: the
@@ -101,12 +111,13 @@ def build_graph(program, cluster, places, processes, build_strategy=None, fetch=
     bs = copy.copy(build_strategy or BuildStrategy())
     bs.num_trainers, bs.trainer_id = processes, 0
     bs.debug_graphviz_path = None
-    key = (id(program), cluster.device.kind, places, processes > 1,
+    key = (id(program), cluster.device.kind, places, places_per_device, processes > 1,
            tuple(v for k, v in zip(bs.__slots__, bs.key(), strict=True)
                  if k not in ("num_trainers", "trainer_id")), tuple(fetch or ()))
     graph = cache.get(key) if cache is not None else None
     if graph is None:
-        graph = build_ssa_graph(program, _places(cluster, places), bs, fetch)
+        graph = build_ssa_graph(program, _places(cluster, places, places_per_device), bs,
+                                fetch)
         if cache is not None:
             cache[key] = graph
     return graph
@@ -118,8 +129,10 @@ def _fetch(program):
     return [loss] if loss else None
 
 
-def _step(program, profile, cluster, places, processes, bs, comm=True, cache=None, **kw):
-    graph = build_graph(program, cluster, places, processes, bs, _fetch(program), cache)
+def _step(program, profile, cluster, places, processes, bs, comm=True, cache=None,
+          places_per_device=1, **kw):
+    graph = build_graph(program, cluster, places, processes, bs, _fetch(program), cache,
+                        places_per_device)
     return simulate_step(graph, profile, cluster, processes=processes, comm=comm, **kw)
 
 
@@ -137,18 +150,20 @@ def _best_threading(program, profile, cluster, places, processes, bs, inline, **
 
 def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_strategy=None,
             cuda_graph=False, compiled=True, algorithm="auto", threads=None, inline=None,
-            exposed=True, cache=None):
+            exposed=True, cache=None, places_per_device=1):
     """Predict one configuration (see the module docstring); returns a ``Prediction``.
 
     ``inline=None`` picks the faster of the pool and the caller's thread where the
     executor does (several CPU places in one process). ``cache``: a dict shared by the
     predictions of one unchanged program (graphs are built once).
+    ``places_per_device``: places of one process on each GPU (2 with ``ranks=2``:
+    ``cuda:0,0``, two places sharing one GPU).
     """
-    places, processes = layout_of(cluster, ranks, layout)
+    places, processes = layout_of(cluster, ranks, layout, places_per_device)
     bs = build_strategy or BuildStrategy()
     k = bs.gradient_accumulation_steps
     kw = dict(compiled=compiled, cuda_graph=cuda_graph, algorithm=algorithm, threads=threads,
-              cache={} if cache is None else cache)
+              cache={} if cache is None else cache, places_per_device=places_per_device)
     notes = []
     if k > 1:
         from ..program.accumulate import accumulation_programs

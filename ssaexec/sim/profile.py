@@ -195,7 +195,8 @@ class Profile:
 
         One scheduler thread runs the ops, one at a time (``observe`` uses the readable
         path). ``threads``: torch intra-op threads (CPU; default torch's current
-        setting). On a CUDA place a second pass with ``cuda_sync`` gives device times.
+        setting). On a CUDA place a second pass with ``cuda_sync`` gives device times:
+        an op's synchronised slice less its launch (the first pass's slice).
         ``side_by_side`` (CPU, when the cores hold 2 to ``MAX_SIDE_BY_SIDE`` copies):
         also time the step with a copy of the place on every ``threads`` cores against
         one alone (``Profile.side_by_side``). More copies would each hold the program's
@@ -251,7 +252,11 @@ class Profile:
                            source=f"measured on {place}, {threads} torch threads",
                            side_by_side=sbs)
             device = timed(True)
-            costs = {k: OpCost(max(0.0, device[k] - readable_extra_s),
+            # a synchronised slice is the launch, then what the device still has to do
+            # after it; the engine starts an op's kernels when its launch ends, so the
+            # device time it needs is that remainder (the whole slice would count the
+            # launch twice: once on the host, once on the stream)
+            costs = {k: OpCost(max(0.0, device[k] - first[k]),
                                max(0.0, first[k] - readable_extra_s)) for k in first}
             return cls(costs, batch, "gpu", source=f"measured on {place}")
         finally:
