@@ -10,7 +10,6 @@ the unbiased batch variance, as torch does.
 import torch
 import torch.nn.functional as F
 
-from ..runtime.rng import fixed_uniform
 from .registry import register_grad, register_op
 
 _CONV_ATTRS = {"strides": ("ints", [1, 1]), "paddings": ("ints", [0, 0]),
@@ -120,6 +119,23 @@ def layer_norm(ins, attrs):
     scale = None if scale is None else scale.reshape(shape)
     bias = None if bias is None else bias.reshape(shape)
     return {"Y": F.layer_norm(x, shape, scale, bias, attrs["epsilon"])}
+
+
+_FIXED = {}  # (seed, shape, device) -> what a fixed seed draws (fixed_uniform)
+
+
+def fixed_uniform(seed, shape, device):
+    """``torch.rand(shape)`` (float32) from a generator seeded with ``seed``: the same
+    tensor every call, not to be written (policy: ``runtime.rng``)."""
+    key = (int(seed), tuple(shape), torch.device(device))
+    t = _FIXED.get(key)
+    if t is None:
+        gen = torch.Generator(device=key[2])
+        gen.manual_seed(key[0])
+        # two threads may both draw: the numbers are equal, either may be kept
+        t = _FIXED.setdefault(key, torch.rand(key[1], generator=gen, device=key[2],
+                                               dtype=torch.float32))
+    return t
 
 
 @register_op("dropout", ["X"], ["Out", "Mask!"],

@@ -16,7 +16,7 @@ non-zero ``seed`` attribute picks a private generator, zero uses torch's global
 one as the user seeded it.
 
 A tensor-transforming op with a fixed ``seed`` draws the same numbers every call
-(``fixed_uniform``): they are drawn once per (seed, shape, device), by a
+(``ops.nn.fixed_uniform``): they are drawn once per (seed, shape, device), by a
 generator made for that draw, and the tensor is kept and shared (read-only).
 So no generator is made or seeded inside a step: a CUDA graph captured after
 the first step reads the kept tensor (a generator made during capture is not
@@ -29,11 +29,10 @@ import threading
 
 import torch
 
-__all__ = ["op_seed", "seeded", "needs_step_seed", "fixed_uniform"]
+__all__ = ["op_seed", "seeded", "needs_step_seed"]
 
 _MASK = (1 << 64) - 1
 _LOCK = threading.Lock()
-_FIXED = {}  # (seed, shape, device) -> the numbers a fixed seed draws (fixed_uniform)
 
 
 def _mix(x):
@@ -75,17 +74,3 @@ def seeded(seed, device):
             yield
         finally:
             gen.set_state(state)
-
-
-def fixed_uniform(seed, shape, device):
-    """``torch.rand(shape)`` (float32) from a generator seeded with ``seed``: the same
-    tensor every call, not to be written (module docstring)."""
-    key = (int(seed), tuple(shape), torch.device(device))
-    t = _FIXED.get(key)
-    if t is None:
-        gen = torch.Generator(device=key[2])
-        gen.manual_seed(key[0])
-        # two threads may both draw: the numbers are equal, either may be kept
-        t = _FIXED.setdefault(key, torch.rand(key[1], generator=gen, device=key[2],
-                                               dtype=torch.float32))
-    return t
