@@ -69,3 +69,250 @@ def test_accuracy_makes_its_total_on_the_device():
     outs, _ = _run("accuracy", {"X": x, "Label": torch.tensor([[1], [1], [1]])}, {"k": 1})
     assert int(outs["Total"]) == 3 and int(outs["Correct"]) == 2
     assert abs(float(outs["Accuracy"]) - 2 / 3) < 1e-6
+
+
+# --- the detector (ssaexec.runtime.host_sync) over one step of every program ----------------
+#
+# Each case runs two warm-up steps (the first builds the runner, the second keeps the
+# constants), then one step under ``HostSyncDetector``: on a CPU place (what users run;
+# host reads and host-made tensors show) and on a ``MetaPlace`` (a GPU's stand-in: every
+# host-to-device copy shows too), on both execution paths, with the synchronous scheduler
+# (the detector watches the thread that enters it). Only ``ALLOWED`` findings may appear.
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ssaexec as se
+from ssaexec.models import build_mlp
+from ssaexec.place import MetaPlace
+from ssaexec.program import lr
+from ssaexec.program.builder import program_guard
+from ssaexec.program.desc import Program
+from ssaexec.program.io import load_program
+from ssaexec.runtime.host_sync import (ALLOWED, Allowed, HostSyncDetector, HostSyncError,
+                                       HostSyncWarning)
+from ssaexec.synthetic import synthetic_feed
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PATHS = ["compiled", "readable"]
+DEVICES = ["cpu", "meta"]
+
+
+def _example(name):
+    main = load_program(EXAMPLES / f"{name}.json")
+    startup = load_program(EXAMPLES / f"{name}.startup.json")
+    return main, startup, "mean_0.tmp_0", synthetic_feed(main, 4), {}
+
+
+def _mlp(optimizer, **strategy):
+    main, startup, loss = build_mlp(in_dim=6, hidden=(5,), optimizer=optimizer)
+    return main, startup, getattr(loss, "name", loss), synthetic_feed(main, 4), strategy
+
+
+def _constants_and_metrics():
+    # fill_constant, assign_value and accuracy in the main program, every step
+    main, startup = Program(0), Program(0)
+    with program_guard(main, startup):
+        x = se.layers.data("x", [-1, 6], "float32")
+        label = se.layers.data("label", [-1, 1], "int64")
+        scale = se.layers.assign(se.layers.fill_constant([1], "float32", 0.5))
+        block = main.global_block()
+        shift = block.create_var("shift", shape=[6], dtype="float32", stop_gradient=True)
+        block.append_op("assign_value", {}, {"Out": ["shift"]},
+                        {"shape": [6], "dtype": "float32", "values": [0.5, -1.0, 0, 1, 2, 3]})
+        x = se.layers.elementwise_add(se.layers.elementwise_mul(x, scale), shift)
+        logits = se.layers.fc(x, 4)
+        acc, _, _ = se.layers.accuracy(logits, label)
+        loss = se.layers.mean(se.layers.softmax_with_cross_entropy(logits, label))
+        se.optimizer.SGD(0.1).minimize(loss)
+    return main, startup, loss.name, synthetic_feed(main, 4), {}
+
+
+class _Positions(nn.Module):
+    """Positions and a mask made with factory ops, and a graph constant (torch.tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device, dtype=x.dtype)
+        keep = torch.ones(x.shape, device=x.device).tril()
+        weight = torch.tensor([1.0, 0.5, 0.25, 2.0, 1.0, 0.5], device=x.device)
+        return self.lin(x * pos * keep * weight)
+
+
+def _transformer():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    return nn.Sequential(nn.TransformerEncoder(layer, 1, enable_nested_tensor=False),
+                         nn.Flatten(), nn.Linear(8 * 4, 3))
+
+
+def _imported(model, eval_=False):
+    torch.manual_seed(0)
+    module = _Positions() if model == "positions" else _transformer()
+    name = "x" if model == "positions" else "input"
+    x = torch.randn(4, 6) if model == "positions" else torch.randn(4, 4, 8)
+    if eval_:  # an evaluation import: its graph constants are assign_bytes ops of main
+        main, startup, out = se.from_torch_eval(module, {name: x})
+        return main, startup, out, {name: x}, {}
+    feed = {name: x, "target": torch.randint(0, 3, (4,))}
+    main, startup, loss = se.from_torch(module, feed, loss_fn=F.cross_entropy,
+                                        optimizer=se.optimizer.AdamW(0.01))
+    return main, startup, loss, feed, {}
+
+
+OPTIMIZERS = {
+    "sgd": lambda rate: se.optimizer.SGD(rate),
+    "momentum": lambda rate: se.optimizer.Momentum(rate, momentum=0.9),
+    "adam": lambda rate: se.optimizer.Adam(rate),
+    "adamw": lambda rate: se.optimizer.AdamW(rate, weight_decay=0.01),
+}
+SCHEDULES = {
+    "constant": lambda: 0.1,
+    "step": lambda: lr.StepDecay(0.1, step_size=1),
+    "multistep": lambda: lr.MultiStepDecay(0.1, milestones=[1, 3]),
+    "exponential": lambda: lr.ExponentialDecay(0.1, gamma=0.9),
+    "cosine": lambda: lr.CosineAnnealing(0.1, T_max=4),
+    "piecewise": lambda: lr.PiecewiseDecay([1, 2], [0.1, 0.05, 0.01]),
+    "lambda": lambda: lr.LambdaDecay(0.1, lambda s: 0.9 ** s, steps=4),  # the 'table' rule
+    "warmup": lambda: lr.LinearWarmup(0.1, warmup_steps=2, start_lr=0.0, end_lr=0.1),
+}
+# every optimizer and every schedule, each schedule once, each optimizer twice
+PAIRS = [("sgd", "constant"), ("sgd", "lambda"), ("momentum", "step"),
+         ("momentum", "multistep"), ("adam", "exponential"), ("adam", "cosine"),
+         ("adamw", "piecewise"), ("adamw", "warmup")]
+
+CASES = {
+    **{f"example-{n}": (lambda n=n: _example(n))
+       for n in ("uci_housing", "seed_mlp", "mnist_mlp", "small_resnet")},
+    **{f"{o}-{s}": (lambda o=o, s=s: _mlp(OPTIMIZERS[o](SCHEDULES[s]()))) for o, s in PAIRS},
+    "amp-bf16": lambda: _mlp(se.optimizer.Adam(0.1), amp="bf16"),
+    "amp-fp16": lambda: _mlp(se.optimizer.Momentum(0.1, momentum=0.9), amp="fp16"),
+    "constants-and-accuracy": _constants_and_metrics,
+    "import-positions": lambda: _imported("positions"),
+    "import-transformer": lambda: _imported("transformer"),
+    "import-eval-positions": lambda: _imported("positions", eval_=True),
+}
+
+
+_BUILT = {}
+
+
+def _case(name):
+    """CASES[name]() built once (an import traces for seconds); programs are only read."""
+    if name not in _BUILT:
+        _BUILT[name] = CASES[name]()
+    return _BUILT[name]
+
+
+def _detect(case, device, path, sequential=False, mode="warn"):
+    """The detector over the third step of ``case`` (a ``_case`` result)."""
+    main, startup, loss, feed, strategy = case
+    place = MetaPlace(0) if device == "meta" else se.CPUPlace(0)
+    fetch = [] if device == "meta" else [loss]  # a meta value cannot be read back
+    compiled = path == "compiled"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HostSyncWarning)
+        if sequential:  # the Executor runs the loss seed as an op (fill_constant)
+            scope, exe = se.Scope(), se.Executor(place, compiled=compiled)
+            exe.run(startup, scope=scope)
+            step = lambda: exe.run(main, feed=feed, fetch_list=fetch, scope=scope)  # noqa
+            for _ in range(2):
+                step()
+            with HostSyncDetector(mode) as found:
+                step()
+            return found
+        es = se.ExecutionStrategy(compiled=compiled, num_threads=1, **strategy)
+        with se.ParallelExecutor([place], main, startup, loss, scope=se.Scope(),
+                                 exec_strategy=es) as pe:
+            for _ in range(2):
+                pe.run(fetch, feed=feed)
+            with HostSyncDetector(mode) as found:
+                pe.run(fetch, feed=feed)
+    return found
+
+
+# the small ResNet computes for seconds on the CPU: on the meta place alone
+SWEEP = [(n, d) for n in sorted(CASES) for d in DEVICES
+         if (n, d) != ("example-small_resnet", "cpu")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name,device", SWEEP)
+def test_one_step_does_nothing_on_the_host(name, device, path):
+    found = _detect(_case(name), device, path)
+    assert found.findings == [], "\n".join(found.report())
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["example-seed_mlp", "import-positions",
+                                  "constants-and-accuracy"])
+def test_one_sequential_step_does_nothing_on_the_host(name, device, path):
+    # the sequential Executor runs the loss seed (a fill_constant of shape []) as an op
+    found = _detect(_case(name), device, path, sequential=True)
+    assert found.findings == [], "\n".join(found.report())
+
+
+def test_feeds_are_the_one_copy_a_step_makes():
+    # what the detector allows shows, with its reason: the feeds, on a device place
+    found = _detect(_case("example-uci_housing"), "meta", "compiled")
+    kinds = {(f.kind, f.where.split(":")[0]) for f in found.allowed_findings}
+    assert kinds == {("copy to device", "ssaexec/feed.py")}, found.report()
+    assert all(f.reason for f in found.allowed_findings)
+
+
+# --- the detector itself ---------------------------------------------------------------------
+
+SYNCS = {
+    "host read": [lambda x: x[0].item(), lambda x: x.tolist(), lambda x: bool(x[1]),
+                  lambda x: float(x.sum()), lambda x: x[torch.full((), 1, dtype=torch.int64, device=x.device)],
+                  lambda x: x.numpy()],
+    "host tensor": [lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0])],
+    "default device": [lambda x: torch.full([4], 1.0), lambda x: torch.zeros(4)],
+    "data-dependent shape": [lambda x: x.nonzero(), lambda x: x[x > 1],
+                             lambda x: x.masked_select(x > 1),
+                             lambda x: torch.repeat_interleave(x, x.long())],
+    "copy to device": [lambda x: x.to("meta")],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYNCS))
+def test_the_detector_flags_each_kind(kind):
+    x = torch.arange(4.0)
+    for fn in SYNCS[kind]:
+        with pytest.warns(HostSyncWarning), HostSyncDetector("warn", cuda=False) as found:
+            fn(x)
+        assert [f.kind for f in found.findings][:1] == [kind], found.report()
+        with pytest.raises(HostSyncError, match=kind), HostSyncDetector("error", cuda=False):
+            fn(x)
+
+
+def test_the_detector_passes_device_side_work():
+    x = torch.arange(4.0)
+    with HostSyncDetector("error", cuda=False) as found:
+        y = torch.full([4], 1.0, device=x.device) + x.clone()
+        torch.take(x, torch.zeros((), dtype=torch.int64, device=x.device))
+        torch.where(x > 1, x, y).sum()
+        x.to(torch.float64)
+    assert found.findings == [] and found.allowed_findings == []
+
+
+def test_an_allowed_finding_names_its_rule_and_reason():
+    rule = Allowed("host read", "ssaexec/ops/init.py", "a test's reason")
+    from ssaexec.ops.init import DeviceConstant
+    kernel = DeviceConstant(lambda attrs: torch.arange(3.0), None)
+    with HostSyncDetector("error", allowed=(rule,), cuda=False) as found:
+        # DeviceConstant.__call__ is in ssaexec/ops/init.py; a read from inside it is allowed
+        kernel.make = lambda attrs: torch.arange(3.0, device="cpu") * torch.arange(
+            2.0, device="cpu").sum().item()
+        kernel({}, {})
+    assert [f.reason for f in found.allowed_findings] == ["a test's reason"]
+    with pytest.raises(ValueError, match="unknown host-sync kind"):
+        Allowed("sync", "ssaexec/feed.py", "")
+    assert all(rule.reason for rule in ALLOWED)

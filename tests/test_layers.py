@@ -6,7 +6,8 @@ The layers, bottom to top (docs/architecture.md draws them):
     ops        the op registry (a leaf), schemas, the policy, the kernels
     program    ProgramDesc, its codecs and checks, the builder, backward, optimizers
     graph      SSA handles and graphs, building, aliasing, analysis, pictures
-    runtime    scopes, prepared calls, the compiled runner, collectives, the scheduler
+    runtime    scopes, prepared calls, the compiled runner, collectives, the scheduler,
+               the host-sync detector (a leaf: nothing in the package imports it)
     executors  Executor, ParallelExecutor, feed policy, data loading, distributed
     tools      frontends, cli, bench, trace, models, synthetic data, demo, progress, and
                the package's public surface (ssaexec/__init__.py, __main__.py)
@@ -161,3 +162,14 @@ def test_a_planted_cycle_is_found(tmp_path):
     found = problems(import_graph(copy))
     assert any(p.startswith("import cycle:") and "ssaexec.ops.registry" in p
                for p in found), found
+
+
+def test_the_host_sync_detector_is_a_leaf_of_the_runtime():
+    # it watches steps from outside (tests, make gpu-check, users): no module of the package
+    # imports it, so a step runs the same whether or not it exists, and it imports nothing
+    # above the ground layer of ours
+    g = import_graph()
+    mod = "ssaexec.runtime.host_sync"
+    assert layer_of(mod) == LAYERS.index("runtime")
+    assert list(g.predecessors(mod)) == []
+    assert all(layer_of(b) == LAYERS.index("ground") for b in g.successors(mod))
