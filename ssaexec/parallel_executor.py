@@ -608,8 +608,12 @@ class ParallelExecutor:
 
     # --- teardown -----------------------------------------------------------------------
     def close(self):
-        """Join every worker thread and restore torch's thread count (idempotent)."""
+        """Join every worker thread, close the collective's communicators (NCCL's, once no
+        op can use them) and restore torch's thread count (idempotent)."""
         self._scheduler.close()
+        coll = getattr(self, "_collective", None)  # absent when set-up failed before it
+        if coll is not None:
+            coll.close()
         if self._prev_torch_threads is not None:
             torch.set_num_threads(self._prev_torch_threads)
             self._prev_torch_threads = None

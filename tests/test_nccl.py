@@ -6,6 +6,10 @@ messages, and ``choose_local_collective`` on CPU places and on CUDA places that
 exist only as descriptions (``CUDAPlace(i, device_index=d)``), which it must
 handle without touching a GPU. Marked ``cuda``: a 1-GPU communicator
 (``initAll([0])``) with each NCCL backend forced, against ``LocalCollective``.
+
+Issue 30: sparse gradients take ``LocalCollective``'s row gathering on the NCCL
+backends too (NCCL moves dense buffers only), and the executor's ``close`` closes
+its collective (cupy's communicators are destroyed).
 """
 
 import importlib.util
@@ -15,11 +19,12 @@ import torch
 
 import ssaexec as se
 from ssaexec.errors import SSAExecError
-from ssaexec.runtime.collective import LocalCollective
+from ssaexec.runtime.collective import LocalCollective, is_sparse_collective
 from ssaexec.runtime.nccl import (
     BACKENDS, NCCL_DTYPES, CupyNcclCollective, Plan, TorchNcclCollective,
-    choose_local_collective, cupy_unavailable, cupy_wheel, describe_plan, device_indices,
-    install_hint, nccl_dtype, plan_backend, torch_nccl_unavailable)
+    choose_local_collective, communicator_buffers, cupy_unavailable, cupy_wheel,
+    describe_plan, device_indices, install_hint, nccl_dtype, plan_backend,
+    torch_nccl_unavailable)
 
 ALL = {}  # every backend usable
 NO_CUPY = {"cupy": "cupy is not installed"}
@@ -311,3 +316,115 @@ def test_distinct_gpus_match_local(backend):
             torch.testing.assert_close(m.cpu(), r, rtol=1e-12, atol=1e-12)
     _, name, notice = choose_local_collective(_gpus(*range(n)))
     assert name in ("cupy", "torch-nccl") and "over cuda:0, cuda:1" in notice
+
+
+# --- sparse gradients and close (issue 30) --------------------------------------------------
+def _sparse_grads(n, device="cpu"):
+    """One embedding gradient per place: rows touched by that place's batch, repeated."""
+    out = []
+    for k in range(n):
+        g = torch.Generator().manual_seed(k)
+        rows = torch.tensor([k, 3, 3, 7 - k])
+        vals = torch.randn(4, 5, generator=g, dtype=torch.float64)
+        out.append(torch.sparse_coo_tensor(rows.reshape(1, -1), vals, (10, 5)).to(device))
+    return out
+
+
+def test_what_reaches_nccl_is_dense_and_contiguous():
+    base = torch.arange(12.0).reshape(3, 4)
+    x, y = base, base.t()
+    bufs = communicator_buffers([x, y])
+    assert bufs[0] is x and bufs[1].is_contiguous() and torch.equal(bufs[1], y)
+    with pytest.raises(SSAExecError, match="w@GRAD: sparse tensors have no dense buffer"):
+        communicator_buffers(_sparse_grads(2), label="w@GRAD")
+    assert is_sparse_collective(_sparse_grads(2)) and not is_sparse_collective([x, x])
+    with pytest.raises(SSAExecError, match="w@GRAD: sparse and dense tensors mixed"):
+        is_sparse_collective([_sparse_grads(1)[0], x], label="w@GRAD")
+
+
+@pytest.mark.parametrize("kind", [CupyNcclCollective, TorchNcclCollective])
+def test_nccl_collectives_gather_sparse_gradients_by_rows(kind):
+    # A communicator that never starts (no NCCL on a CPU machine) over places whose
+    # tensors this machine holds: the sparse path must not reach NCCL at all, and would
+    # raise AttributeError on the unset library slot ("nccl" / "tnccl") if it did.
+    coll = object.__new__(kind)
+    coll.devices = [None, None, None]
+    for op, args, kw in [("all_reduce", (), {}), ("all_reduce", (), {"average": True}),
+                         ("reduce", (1,), {}), ("broadcast", (2,), {})]:
+        mine, ref = _sparse_grads(3), _sparse_grads(3)
+        getattr(coll, op)(mine, *args, label="emb@GRAD", **kw)
+        getattr(LocalCollective(), op)(ref, *args, **kw)
+        for m, r in zip(mine, ref, strict=True):
+            assert m.is_sparse and torch.equal(m.to_dense(), r.to_dense()), (op, kw)
+    dense = sum(g.to_dense() for g in _sparse_grads(3))
+    got = _sparse_grads(3)
+    coll.all_reduce(got)
+    torch.testing.assert_close(got[0].to_dense(), dense, rtol=0, atol=1e-12)
+
+
+class _ClosingCollective(LocalCollective):
+    """A real local collective that also counts the executor's calls to ``close``."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self):
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+def test_closing_the_executor_closes_its_collective():
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        x = se.layers.data("x", [-1, 4])
+        loss = se.layers.mean(se.layers.fc(x, 2))
+        se.optimizer.SGD(0.1).minimize(loss)
+    pe = se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope())
+    coll = pe._collective = _ClosingCollective()  # used from the first step's graph on
+    pe.run([loss], feed={"x": torch.ones(4, 4)})
+    assert coll.closed == 0
+    pe.close()
+    assert coll.closed == 1
+    LocalCollective().close()  # every backend has it
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_one_gpu_sparse_gradient_matches_local(backend):
+    coll = _forced(backend)
+    mine = _sparse_grads(1, "cuda")
+    ref = _sparse_grads(1)
+    coll.all_reduce(mine, average=True)
+    LocalCollective().all_reduce(ref, average=True)
+    torch.cuda.synchronize()
+    assert mine[0].is_sparse and torch.equal(mine[0].to_dense().cpu(), ref[0].to_dense())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_distinct_gpus_sparse_gradients_match_local(backend):
+    n = torch.cuda.device_count()
+    coll = _forced(backend, range(n))
+    mine = [g.to(f"cuda:{d}") for d, g in enumerate(_sparse_grads(n))]
+    ref = _sparse_grads(n)
+    coll.all_reduce(mine)
+    LocalCollective().all_reduce(ref)
+    torch.cuda.synchronize()
+    for d, (m, r) in enumerate(zip(mine, ref, strict=True)):
+        assert m.is_sparse and m.device == torch.device("cuda", d)
+        torch.testing.assert_close(m.to_dense().cpu(), r.to_dense(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="cupy is not installed")
+def test_cupy_communicators_are_destroyed_by_close():
+    coll = _forced("cupy")
+    comms = list(coll.comms)
+    coll.all_reduce([torch.ones(3, device="cuda")])
+    coll.close()
+    coll.close()  # idempotent
+    assert coll.comms == [] and all(c.comm == 0 for c in comms)  # ncclCommDestroy ran
+    with pytest.raises(SSAExecError, match="communicators are closed"):
+        coll.all_reduce([torch.ones(3, device="cuda")])

@@ -7,18 +7,37 @@ the SSA graph makes the collective the only reader of the versions it
 replaces. Tensors on different devices are moved to the first place's device
 for the sum and copied back. Sparse gradients (``ops.sparse``) are summed by
 gathering every place's rows and values (``gather_sparse``), never densified.
+That is the one sparse policy of every backend: the NCCL collectives
+(``runtime.nccl``) hand sparse tensors to this class's methods (NCCL moves dense
+buffers only), and ``runtime.dist_collective`` gathers every rank's rows the same
+way. ``is_sparse_collective`` tells which path a list of tensors takes.
 
 A collective backend is any object with these methods (``label`` names the
 graph op for error messages; ``begin_step`` is called before a step's first
-collective): ``runtime.dist_collective.ProcessGroupCollective`` extends this
-one across processes.
+collective; ``close`` when the executor closes, after its workers are joined):
+``runtime.dist_collective.ProcessGroupCollective`` extends this one across
+processes (its ``close`` leaves the process group alone: ``se.distributed`` owns it).
 """
 
 import torch
 
+from ..errors import SSAExecError
 from ..ops.sparse import sum_rows
 
-__all__ = ["LocalCollective", "gather_sparse"]
+__all__ = ["LocalCollective", "gather_sparse", "is_sparse_collective"]
+
+
+def is_sparse_collective(tensors, label=None):
+    """Whether ``tensors`` (one per place) are sparse gradients, gathered by rows.
+
+    A mix of sparse and dense tensors is a graph error: ``SSAExecError`` naming it.
+    """
+    sparse = [t.is_sparse for t in tensors]
+    if any(sparse) and not all(sparse):
+        raise SSAExecError(f"{label or 'collective'}: sparse and dense tensors mixed "
+                           f"(sparse per place: {sparse}); every place's gradient must be "
+                           "sparse or none")
+    return bool(sparse) and sparse[0]
 
 
 def gather_sparse(tensors, average=False, count=None):
@@ -43,7 +62,7 @@ class LocalCollective:
 
     def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""
-        if tensors[0].is_sparse:
+        if is_sparse_collective(tensors, label):
             merged = gather_sparse(tensors, average)
             for t in tensors:
                 t.copy_(merged)
@@ -60,7 +79,7 @@ class LocalCollective:
 
     def reduce(self, tensors, root, average=False, label=None):
         """``tensors[root]`` becomes the sum (or mean) of all; the others are unchanged."""
-        if tensors[root].is_sparse:
+        if is_sparse_collective(tensors, label):
             return tensors[root].copy_(gather_sparse(tensors, average))
         acc = tensors[root]
         dev = acc.device
@@ -81,6 +100,10 @@ class LocalCollective:
 
     def begin_step(self, signature):
         """Called before each step's first collective with the graph's collective signature."""
+
+    def close(self):
+        """Release what the backend holds (NCCL communicators); the executor's ``close``
+        calls it once its workers are joined. Idempotent; nothing to do here."""
 
     @staticmethod
     def flatten(tensors):

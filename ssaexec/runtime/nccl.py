@@ -31,6 +31,13 @@ messages (``install_hint``, ``describe_plan``) are pure and tested on CPU;
 ``choose_local_collective`` only adds the import probes and the construction.
 Results equal ``LocalCollective``'s up to the order of the float sums (NCCL
 picks its own ring order); ``average=True`` sums, then divides.
+
+Sparse gradients (``ops.sparse``, an embedding's): NCCL moves dense buffers only,
+and densifying would cost the whole table per step, so the collectives hand them
+to ``LocalCollective`` (the one sparse policy, ``runtime.collective``): every
+place's rows and values are gathered on the first place's device, coalesced into
+the sum, and copied back to each place. ``communicator_buffers`` is what reaches
+NCCL: dense, contiguous buffers, never a sparse tensor.
 """
 
 from typing import NamedTuple
@@ -38,9 +45,10 @@ from typing import NamedTuple
 import torch
 
 from ..errors import SSAExecError
-from .collective import LocalCollective
+from .collective import LocalCollective, is_sparse_collective
 
 __all__ = ["CupyNcclCollective", "TorchNcclCollective", "choose_local_collective",
+           "communicator_buffers",
            "plan_backend", "describe_plan", "device_indices", "nccl_dtype", "cupy_wheel",
            "install_hint", "cupy_unavailable", "torch_nccl_unavailable", "NCCL_DTYPES",
            "BACKENDS", "Plan"]
@@ -272,6 +280,20 @@ def choose_local_collective(places, prefer=None):
 
 
 # --- the collectives ----------------------------------------------------------------------
+def communicator_buffers(tensors, label=None):
+    """The buffers NCCL reads and writes in place of ``tensors``: each tensor itself when
+    it is contiguous, else a contiguous copy that the caller copies back.
+
+    NCCL takes a pointer and an element count, so a sparse tensor (which has no such
+    buffer; ``.contiguous()`` raises on it) is refused here: the collectives route sparse
+    gradients to ``LocalCollective`` first (module docstring).
+    """
+    if is_sparse_collective(tensors, label):
+        raise SSAExecError(f"{label or 'NCCL collective'}: sparse tensors have no dense "
+                           "buffer for NCCL; they are gathered by rows (LocalCollective)")
+    return [t if t.is_contiguous() else t.contiguous() for t in tensors]
+
+
 def _device_index(d):
     if isinstance(d, int):
         return d
@@ -318,7 +340,7 @@ class _NcclBase(LocalCollective):
     def _in_place(self, tensors, label, launch):
         """Run ``launch(contiguous tensors)``; copy results back into non-contiguous ones."""
         self._check(tensors, label)
-        bufs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        bufs = communicator_buffers(tensors, label)
         launch(bufs)
         for t, b in zip(tensors, bufs, strict=True):
             if b is not t:
@@ -326,6 +348,9 @@ class _NcclBase(LocalCollective):
 
     def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""
+        if is_sparse_collective(tensors, label):  # gathered by rows (module docstring)
+            self._check(tensors, label)
+            return super().all_reduce(tensors, average, label)
         self._in_place(tensors, label, self._all_reduce)
         if average and len(tensors) > 1:
             for t in tensors:
@@ -334,6 +359,9 @@ class _NcclBase(LocalCollective):
 
     def reduce(self, tensors, root, average=False, label=None):
         """``tensors[root]`` becomes the sum (or mean) of all; the others are unchanged."""
+        if is_sparse_collective(tensors, label):
+            self._check(tensors, label)
+            return super().reduce(tensors, root, average, label)
         self._in_place(tensors, label, lambda bufs: self._reduce(bufs, root))
         acc = tensors[root]
         if average and len(tensors) > 1:
@@ -342,6 +370,9 @@ class _NcclBase(LocalCollective):
 
     def broadcast(self, tensors, root, label=None):
         """Every tensor becomes a copy of ``tensors[root]``."""
+        if is_sparse_collective(tensors, label):
+            self._check(tensors, label)
+            return super().broadcast(tensors, root, label)
         self._in_place(tensors, label, lambda bufs: self._broadcast(bufs, root))
         return tensors
 
@@ -353,7 +384,7 @@ class _NcclBase(LocalCollective):
         """
         self._check(tensors, label)
         n = len(tensors)
-        ins = [t.contiguous() for t in tensors]
+        ins = communicator_buffers(tensors, label)
         if outputs is None:
             outputs = [torch.empty((n, *t.shape), dtype=t.dtype, device=t.device)
                        for t in tensors]
@@ -387,6 +418,8 @@ class CupyNcclCollective(_NcclBase):
 
         ``count`` is the input's numel; ``stream`` the current stream of its device.
         """
+        if not self.comms:
+            raise SSAExecError("the NCCL communicators are closed (the executor was closed)")
         nccl = self.nccl
         dt = nccl_dtype(ins[0].dtype, nccl)
         nccl.groupStart()
@@ -411,17 +444,19 @@ class CupyNcclCollective(_NcclBase):
         self._launch("allGather", ins, outs)
 
     def close(self):
-        """Destroy the communicators (also done when they are garbage-collected)."""
-        for comm in self.comms:
-            comm.destroy()
-        self.comms = []
+        """Destroy the communicators (idempotent; the executor's ``close`` calls it once
+        its workers are joined, so no collective is being enqueued)."""
+        comms, self.comms = self.comms, []
+        for comm in comms:
+            comm.destroy()  # ncclCommDestroy; cupy zeroes its handle, so GC will not repeat it
 
 
 class TorchNcclCollective(_NcclBase):
     """NCCL through ``torch.cuda.nccl`` (torch keeps one communicator set per device list).
 
     ``devices`` as for ``CupyNcclCollective``; the calls run on each device's
-    current stream (``streams=None``).
+    current stream (``streams=None``). ``close`` has nothing to release: torch caches
+    those communicators for the process and offers no call to destroy them.
     """
 
     __slots__ = ("tnccl",)
