@@ -9,8 +9,7 @@ Its gradient all-reduce is hierarchical:
 2. all-reduce that one tensor across processes with ``torch.distributed``
    (gloo on CPU, NCCL on CUDA, where it runs on torch's NCCL communication
    stream); a fused bucket is one flat buffer, so it is one cross-process
-   call. The call is asynchronous and its work handle is waited on with the
-   run's timeout, so a dead or stuck peer becomes an error in bounded time;
+   call. The call is asynchronous; how its work handle is waited on is below;
 3. copy the result back to the other places.
 
 A sparse gradient (``ops.sparse``) is not summed densely: the places' rows and
@@ -25,6 +24,19 @@ all-reduce in two handles: the first sums the places and starts the cross-proces
 call (``all_reduce_start``) and returns at once, so the chain moves on and several
 all-reduces are in flight while backward runs; an ``AllReduceWaitOpHandle`` waits for
 the result and copies it to the places, and only the gradient's readers wait for it.
+
+Waiting (``waits_on_stream``). A CUDA tensor under NCCL is waited on by the
+stream: ``work.wait()`` with no timeout makes the calling thread's current stream
+wait for NCCL's, and the host moves on, so the collective overlaps whatever the
+scheduler launches next. ``work.wait(timeout)`` would instead spin the host until
+NCCL is done (torch blocks whenever a timeout is given), a host sync per
+collective. A dead NCCL peer is then caught by the group's own timeout (the same
+seconds, given to ``init_process_group``) in torch's NCCL watchdog, which aborts
+the communicator and the process (``TORCH_NCCL_ASYNC_ERROR_HANDLING``), so
+``torchrun --max-restarts`` restarts it; ``TORCH_NCCL_BLOCKING_WAIT=1`` buys back
+the error in the calling thread at the host wait's price. Everything else (gloo, a
+CPU tensor of a mixed ``cpu:gloo,cuda:nccl`` group) is waited on by the host with
+the run's timeout, so a dead or stuck peer becomes an error in bounded time.
 
 Failures. Every ``torch.distributed`` call goes through ``call``, which turns
 a backend error (a peer's socket closed, a timeout from the group's
@@ -45,7 +57,23 @@ from ..errors import DistributedError, SSAExecError
 from ..ops.sparse import rows_of
 from .collective import LocalCollective, gather_sparse
 
-__all__ = ["ProcessGroupCollective", "describe_collective"]
+__all__ = ["ProcessGroupCollective", "describe_collective", "waits_on_stream"]
+
+
+def waits_on_stream(backend, device):
+    """Whether a collective of ``backend`` on ``device`` is waited on by the stream.
+
+    True for a CUDA tensor under NCCL (the backend string may be a per-device one,
+    ``"cpu:gloo,cuda:nccl"``); then the host does not wait (module docstring).
+    """
+    device = torch.device(device)
+    backend = str(backend).lower()
+    if device.type != "cuda" or "nccl" not in backend:
+        return False
+    if ":" not in backend:  # one backend for every device
+        return True
+    per_device = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return per_device.get("cuda") == "nccl"
 
 
 def describe_collective(item):
@@ -74,10 +102,10 @@ class ProcessGroupCollective(LocalCollective):
         Check, before each step's first collective, that all ranks agree on the
         sequence of collectives (one ``all_gather_object`` per step).
     timeout : float, optional
-        Seconds each wait may take (default: the group's own timeout, which
-        gloo applies to every operation). With NCCL a wait with a timeout
-        blocks the calling scheduler thread until the collective is done, so a
-        dead peer raises ``DistributedError`` instead of a watchdog abort.
+        Seconds each host wait may take (default: the group's own timeout, which
+        gloo applies to every operation). CUDA tensors under NCCL are waited on
+        by the stream, with no host wait: there the group's timeout and torch's
+        NCCL watchdog catch a dead peer (module docstring).
     """
 
     __slots__ = ("group", "rank", "world_size", "backend", "debug", "steps", "timeout")
@@ -99,25 +127,29 @@ class ProcessGroupCollective(LocalCollective):
     def where(self):
         return f"rank {self.rank} of {self.world_size} ({self.backend})"
 
-    def call(self, what, issue):
+    def call(self, what, issue, tensor=None):
         """Run ``issue()`` (a torch.distributed call), wait for its work handle, map errors."""
-        return self.start(what, issue)()
+        return self.start(what, issue, tensor)()
 
-    def start(self, what, issue):
+    def start(self, what, issue, tensor=None):
         """Run ``issue()`` now; return the function that waits for its work handle (errors
-        of either become ``DistributedError``)."""
+        of either become ``DistributedError``). ``tensor``, the call's tensor, decides
+        how: on its stream or on the host (``waits_on_stream``)."""
         try:
             work = issue()
         except SSAExecError:
             raise
         except Exception as e:
             raise self._failure(what, e) from e
+        host_timeout = self.timeout
+        if tensor is not None and waits_on_stream(self.backend, tensor.device):
+            host_timeout = None  # a timeout makes torch spin the host until NCCL is done
 
         def wait():
             if work is None:
                 return None
             try:
-                done = work.wait() if self.timeout is None else work.wait(self.timeout)
+                done = work.wait() if host_timeout is None else work.wait(host_timeout)
                 if done is False:
                     raise TimeoutError(f"not done after {self.timeout.total_seconds():g}s")
             except SSAExecError:
@@ -150,7 +182,7 @@ class ProcessGroupCollective(LocalCollective):
             acc.add_(t if t.device == dev else t.to(dev))
         wait = self.start(label or f"all_reduce of a {list(acc.shape)} tensor",
                           lambda: dist.all_reduce(acc, op=dist.ReduceOp.SUM, group=self.group,
-                                                  async_op=True))
+                                                  async_op=True), acc)
 
         def finish():
             wait()
@@ -169,7 +201,7 @@ class ProcessGroupCollective(LocalCollective):
         n = torch.tensor([rows.numel()], dtype=torch.int64, device=rows.device)
         counts = [torch.zeros_like(n) for _ in range(self.world_size)]
         self.call(f"{what} (row counts)",
-                  lambda: dist.all_gather(counts, n, group=self.group, async_op=True))
+                  lambda: dist.all_gather(counts, n, group=self.group, async_op=True), n)
         counts = [int(c) for c in counts]
         most = max(counts)
         pad = most - rows.numel()
@@ -178,9 +210,11 @@ class ProcessGroupCollective(LocalCollective):
         all_rows = [torch.empty_like(rows) for _ in range(self.world_size)]
         all_vals = [torch.empty_like(vals) for _ in range(self.world_size)]
         self.call(f"{what} (rows)",
-                  lambda: dist.all_gather(all_rows, rows, group=self.group, async_op=True))
+                  lambda: dist.all_gather(all_rows, rows, group=self.group, async_op=True),
+                  rows)
         self.call(f"{what} (values)",
-                  lambda: dist.all_gather(all_vals, vals, group=self.group, async_op=True))
+                  lambda: dist.all_gather(all_vals, vals, group=self.group, async_op=True),
+                  vals)
         merged = rows_of(torch.cat([r[:c] for r, c in zip(all_rows, counts, strict=True)]),
                          torch.cat([v[:c] for v, c in zip(all_vals, counts, strict=True)]),
                          local.shape)
@@ -210,7 +244,8 @@ class ProcessGroupCollective(LocalCollective):
         for (dtype, _), ts in groups.items():
             flat = torch.cat([t.detach().reshape(-1) for t in ts])
             self.call(f"{label} ({len(ts)} {str(dtype).replace('torch.', '')} tensors)",
-                       lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True))
+                       lambda: dist.broadcast(flat, src=src, group=self.group, async_op=True),
+                       flat)
             if self.rank != src:
                 offset = 0
                 with torch.no_grad():
