@@ -240,6 +240,18 @@ def test_what_cannot_be_captured_is_known_before_capturing():
     handle, why = capture_problem(se.build_ssa_graph(main, se.cpu_places(1)))
     assert handle.op.type == "gaussian_random" and "on the host" in why
 
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.fc(x) + torch.randn(4, device=x.device)).sum()
+    # an ATen factory draws on the place's device, from the generator a graph registers
+    main = se.from_torch(Noisy(), {"x": torch.randn(2, 4)})[0]
+    assert "aten.randn.default" in [op.type for op in main.global_block().ops]
+    assert capture_problem(se.build_ssa_graph(main, se.cpu_places(1))) is None
+
 
 # --- item 8: another executor rebinding what the graph reads ----------------------------
 

@@ -88,7 +88,9 @@ def capture_problem(graph):
             return h, "it runs a sub-block chosen on the host"
         if needs_step_seed(op_def, h.op):
             return h, "it draws random numbers from per-step seeds"
-        if op_def.is_random and not any(h.op.input_names()):
+        if op_def.is_random and not any(h.op.input_names()) and op_def.overload is None:
+            # uniform_random/gaussian_random (ops.init): a CPU tensor, copied over; an ATen
+            # factory draws on the device from its default generator, which a graph registers
             return h, "it draws random numbers on the host every step"
     return None
 
