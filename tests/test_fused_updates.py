@@ -92,13 +92,16 @@ KINDS = {"sgd": ("sgd", {}), "momentum": ("momentum", {"mu": 0.9}),
 SHAPES = [(3, 4), (4,), (2, 2, 3), ()]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-parameter"])
-def test_a_skipped_update_changes_nothing_and_an_unskipped_one_is_the_plain_update(kind, fused):
+def test_a_skipped_update_changes_nothing_and_an_unskipped_one_is_the_plain_update(
+        kind, fused, device):
+    # on CUDA the lr stays a tensor (the Tensor overloads): the same check covers them
     op_type, attrs = KINDS[kind]
     attrs = get_op_def(op_type).full_attrs({**attrs, "weight_decay": 0.01})
     kernel = get_op_def(op_type).kernel
-    lr = torch.tensor(0.1)
+    lr = torch.tensor(0.1, device=device)
 
     def update(cols, skip):
         if fused:
@@ -108,17 +111,18 @@ def test_a_skipped_update_changes_nothing_and_an_unskipped_one_is_the_plain_upda
             ins = {s: v[k] for s, v in cols.items()}
             kernel({**ins, "LearningRate": lr, "SkipUpdate": skip}, attrs)
 
-    plain = _cols(op_type, SHAPES)
+    plain = _cols(op_type, SHAPES, device)
     for k in range(len(SHAPES)):
         kernel({**{s: v[k] for s, v in plain.items()}, "LearningRate": lr}, attrs)
-    kept = _cols(op_type, SHAPES)
-    update(kept, torch.tensor(0.0))
+    kept = _cols(op_type, SHAPES, device)
+    update(kept, torch.tensor(0.0, device=device))
     for slot in plain:
         for a, b in zip(plain[slot], kept[slot], strict=True):
             assert torch.equal(a, b) and a.view(-1).tolist() == b.view(-1).tolist(), slot
     for bad in (float("nan"), float("-inf")):
-        before, skipped = _cols(op_type, SHAPES, bad=bad), _cols(op_type, SHAPES, bad=bad)
-        update(skipped, torch.tensor(1.0))
+        before = _cols(op_type, SHAPES, device, bad=bad)
+        skipped = _cols(op_type, SHAPES, device, bad=bad)
+        update(skipped, torch.tensor(1.0, device=device))
         for slot in before:
             for a, b in zip(before[slot], skipped[slot], strict=True):
                 assert torch.equal(a.nan_to_num(), b.nan_to_num()), slot
