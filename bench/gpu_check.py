@@ -11,8 +11,11 @@ Parts (``--list`` prints them with their commands): the ``cuda``-marked tests; t
 stream tests (tests/test_cuda.py) again under ``TORCH_CUDA_SANITIZER=1``; the harness
 (bench/images_per_sec.py) paired against torch eager, with peak GPU memory, for ResNet-50
 b32 fp32 (program and from_torch), bf16, fp16 and with CUDA graphs, the transformer at
-b32x128 and b4x128, and 1 vs 2 places on one GPU; bench/dispatch_overhead.py --device
-cuda; a torch.profiler trace of one compiled step of a small from_torch model with the
+b32x128 and b4x128, and 1 vs 2 places on one GPU; the host-sync detector
+(``ssaexec.runtime.host_sync``) in warn mode over one step of every case of
+tests/test_host_sync.py on a CUDA place, both paths, each finding listed (the part
+fails only if a case cannot run); bench/dispatch_overhead.py --device cuda; a
+torch.profiler trace of one compiled step of a small from_torch model with the
 idle GPU time between kernels counted; bench/validate_sim.py (CPU places only: it has no
 GPU option).
 
@@ -144,6 +147,47 @@ def profile_step(device, warmup, json_path, trace_path):
     return 0
 
 
+# --- the host-sync part (run as: bench/gpu_check.py --host-sync) ------------------------------
+
+def host_sync_sweep(device, json_path, cases=None, paths=("compiled", "readable")):
+    """The detector in warn mode over one step (after two) of tests/test_host_sync.py's
+    cases on one place of ``device`` ("cuda", or "cpu"/"meta" to test this on a CPU).
+
+    Writes per case and path the findings not allowed and the allowed ones (with their
+    rules' reasons); returns 1 if a case could not run, else 0 (findings are warnings).
+    """
+    import traceback
+
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests"))
+    import test_host_sync as cases_module
+
+    names = sorted(cases_module.CASES) if not cases else list(cases)
+    results, crashed = [], 0
+    for name in names:
+        for path in paths:
+            rec = {"case": name, "path": path}
+            try:
+                found = cases_module._detect(cases_module._case(name), device, path)
+                rec["not_allowed"] = [str(f) for f in found.findings]
+                rec["allowed"] = [f"{f} -- {f.reason}" for f in found.allowed_findings]
+            except Exception as e:  # a case that cannot run is a finding of its own
+                crashed += 1
+                rec["error"] = "".join(traceback.format_exception_only(e)).strip()[-2000:]
+            results.append(rec)
+            flag = "ERROR" if "error" in rec else f"{len(rec['not_allowed'])} not allowed"
+            print(f"host-sync {name} [{path}] on {device}: {flag}, "
+                  f"{len(rec.get('allowed', []))} allowed", flush=True)
+    not_allowed = sum(len(r.get("not_allowed", [])) for r in results)
+    out = {"device": device, "mode": "warn", "cases": len(names), "runs": len(results),
+           "not_allowed": not_allowed, "errors": crashed, "results": results}
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(out, indent=1))
+    print(f"host-sync: {len(results)} runs of {len(names)} cases on {device}: "
+          f"{not_allowed} findings not allowed, {crashed} errors")
+    return 1 if crashed else 0
+
+
 # --- the parts ------------------------------------------------------------------------------
 
 class Part:
@@ -177,11 +221,16 @@ def parts(out, quick=False):
     dispatch_json = out / "dispatch_overhead.json"
     profile_json = out / "profile_step.json"
     sim_json = out / "validate_sim.json"
+    host_sync_json = out / "host_sync.json"
     return [
         Part("cuda-tests", "every test marked cuda", pytest + ["tests"], 240, kind="pytest"),
         Part("stream-sanitizer", "the stream tests (tests/test_cuda.py) under torch's CUDA "
              "sanitizer", pytest + ["tests/test_cuda.py"], 200,
              env={"TORCH_CUDA_SANITIZER": "1"}, kind="pytest"),
+        Part("host-sync", "the host-sync detector in warn mode over one step of every case "
+             "of tests/test_host_sync.py on a CUDA place, both paths",
+             [py, "bench/gpu_check.py", "--host-sync", "--device", "cuda", "--json",
+              str(host_sync_json)], 120, json_path=host_sync_json, kind="host-sync"),
         harness("resnet50-fp32", "ResNet-50 224px b32 fp32: program and from_torch vs eager",
                 resnet + ["--modes", "ssaexec,ssaexec-from-torch,torch-eager",
                           "--from-torch"], 150),
@@ -265,6 +314,11 @@ def figures(part, log):
                 "wall_seconds": data.get("wall_seconds")}
     if part.kind == "sim":
         return {"summary": data.get("summary")}
+    if part.kind == "host-sync":
+        return {k: data.get(k) for k in ("runs", "not_allowed", "errors")} | {
+            "findings": [f"{r['case']} [{r['path']}]: {x}" for r in data.get("results", [])
+                         for x in r.get("not_allowed", []) + ([r["error"]] if "error" in r
+                                                               else [])]}
     return data
 
 
@@ -348,6 +402,10 @@ def _figure_lines(rec):
                      f"idle between kernels {_fmt(f['gpu_idle_between_kernels_us'])} us of "
                      f"{_fmt(f['gpu_span_us'])} us ({_fmt(f['idle_fraction'])}); step "
                      f"{_fmt(f['step_us'])} us; trace `{f['trace']}`")
+    if rec["name"] == "host-sync" and "not_allowed" in f:
+        lines.append(f"- {f['runs']} runs: {f['not_allowed']} findings not allowed, "
+                     f"{f['errors']} cases that did not run")
+        lines += [f"- {x}" for x in f.get("findings", [])[:60]]
     if rec["name"] == "validate-sim" and f.get("summary"):
         for s in f["summary"]:
             lines.append("- " + ", ".join(f"{k} {_fmt(v)}" for k, v in s.items()
@@ -391,7 +449,9 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
                     help=f"seconds for all parts together (default {DEFAULT_BUDGET:.0f})")
     ap.add_argument("--profile-step", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"],
+    ap.add_argument("--host-sync", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", help=argparse.SUPPRESS)  # --host-sync: a comma list
+    ap.add_argument("--device", default="cuda", choices=["cpu", "cuda", "meta"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -399,6 +459,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
 
+    if args.host_sync:
+        return host_sync_sweep(args.device, args.json or out / "host_sync.json",
+                               args.cases.split(",") if args.cases else None)
     if args.profile_step:
         return profile_step(args.device, args.warmup, args.json or out / "profile_step.json",
                             args.trace or out / "profile_step_trace.json")

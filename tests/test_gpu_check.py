@@ -40,7 +40,7 @@ def test_list_names_every_part_with_a_command_whose_script_exists(tmp_path):
     for want in ("cuda-tests", "stream-sanitizer", "resnet50-fp32", "resnet50-bf16",
                  "resnet50-fp16", "resnet50-cuda-graph", "transformer-b32x128",
                  "transformer-b4x128", "dispatch-overhead", "profile-step",
-                 "two-places-one-gpu", "validate-sim"):
+                 "two-places-one-gpu", "validate-sim", "host-sync"):
         assert want in names
     assert len(names) == len(set(names))
     for ln in lines:
@@ -107,3 +107,21 @@ def test_profile_step_runs_on_a_cpu_place(tmp_path):
     res = json.loads(out.read_text())
     assert res["device"] == "cpu" and res["gpu_kernels"] == 0 and res["step_us"] > 0
     assert (tmp_path / "t.json").exists()
+
+
+def test_host_sync_part_runs_the_detector_over_cases_on_a_meta_place(tmp_path):
+    """The host-sync part's own code path, on a meta place (a GPU's stand-in)."""
+    out = tmp_path / "h.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--host-sync", "--device", "meta",
+                           "--cases", "example-uci_housing,sgd-lambda", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["mode"] == "warn" and res["runs"] == 4 and res["errors"] == 0
+    assert res["not_allowed"] == 0, res
+    # the feeds are the copies a step makes on a device, allowed with their reason
+    assert all(r["allowed"] and all("copy to device" in a and " -- " in a for a in r["allowed"])
+               for r in res["results"])
+    from gpu_check import Part, figures
+    part = Part("host-sync", "", [], 1, json_path=out, kind="host-sync")
+    assert figures(part, "") == {"runs": 4, "not_allowed": 0, "errors": 0, "findings": []}

@@ -211,9 +211,12 @@ def _case(name):
 
 
 def _detect(case, device, path, sequential=False, mode="warn"):
-    """The detector over the third step of ``case`` (a ``_case`` result)."""
+    """The detector over the third step of ``case`` (a ``_case`` result).
+
+    ``device``: "cpu", "meta" or "cuda" (bench/gpu_check.py runs these cases on a GPU).
+    """
     main, startup, loss, feed, strategy = case
-    place = MetaPlace(0) if device == "meta" else se.CPUPlace(0)
+    place = {"meta": MetaPlace(0), "cpu": se.CPUPlace(0)}.get(device) or se.CUDAPlace(0)
     fetch = [] if device == "meta" else [loss]  # a meta value cannot be read back
     compiled = path == "compiled"
     with warnings.catch_warnings():
@@ -316,3 +319,18 @@ def test_an_allowed_finding_names_its_rule_and_reason():
     with pytest.raises(ValueError, match="unknown host-sync kind"):
         Allowed("sync", "ssaexec/feed.py", "")
     assert all(rule.reason for rule in ALLOWED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
+def test_one_step_of_a_zoo_model_does_nothing_on_the_host(name, path):
+    # the transformers zoo of tests/test_zoo.py (each captured once there, shared here),
+    # AdamW, on a meta place: a GPU's stand-in, where any host-made value shows as a copy
+    pytest.importorskip("transformers")
+    import test_zoo
+    from test_from_torch import _with_optimizer
+    _, main0, startup0, loss = test_zoo._captured(name)
+    main, startup = _with_optimizer(main0, startup0, se.optimizer.AdamW(0.01))
+    found = _detect((main, startup, loss, test_zoo._batches(name)[0], {}), "meta", path)
+    assert found.findings == [], "\n".join(found.report())

@@ -145,6 +145,11 @@ ALLOWED = (
             "CPU only by design: an update reads its lr as a number only when the lr is a "
             "CPU tensor (free there, and torch.optim's in-place form); on a device it "
             "multiplies by the lr tensor"),
+    Allowed("cuda sync", "ssaexec/feed.py",
+            "a feed in pageable host memory is copied synchronously (feed pinned tensors, "
+            "or use se.DataLoader, to make it asynchronous)"),
+    Allowed("cuda sync", "ssaexec/executor.py:Executor.run",
+            "the sequential executor's fetch, after the step: the read back by design"),
     Allowed("cuda sync", "ssaexec/runtime/streams.py",
             "the end of a step waits for its streams (finish) so the fetch is complete"),
 )
