@@ -7,15 +7,18 @@ a dispatch mode that records every ATen call of the captured step and replays th
 the very tensors they were captured with, as a CUDA graph replays its kernels on the
 addresses it captured. Like a CUDA capture it leaves every tensor that existed before
 the capture as it was (capturing does not run the step), fails on a read on the host
-(``strict``) and on a generator the graph does not know, and its replays ignore later
-rebindings in the scopes. torch itself is the oracle: the same steps run normally.
+(``strict``) and on a generator the graph does not know, holds the tensors that existed
+before the capture only weakly (a replay that reads a freed one fails: a GPU would read
+freed memory), and its replays ignore later rebindings in the scopes. torch itself is the oracle: the same steps run normally.
 The real thing is tested at the end (``cuda``-marked, skipped without a GPU).
 """
+
+import weakref
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 import ssaexec as se
 from ssaexec.models import build_cnn, make_optimizer
@@ -25,19 +28,53 @@ from ssaexec.runtime.cuda_graph import capture_problem
 HOST_READS = {"aten._local_scalar_dense.default", "aten.item.default"}
 
 
-class _HostGraph:
-    """A recorded step; ``replay`` runs its calls again on the captured tensors."""
+class _Address:
+    """A tensor that existed before the capture, held weakly (a CUDA graph holds only its
+    address: the caller must keep it alive)."""
 
-    def __init__(self, calls):
+    __slots__ = ("ref",)
+
+    def __init__(self, t):
+        self.ref = weakref.ref(t)
+
+
+class _Slot:
+    """The ``k``-th tensor the captured step made (a fresh result or a view)."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+
+class _HostGraph:
+    """A recorded step; ``replay`` runs its calls again on the captured tensors: a fresh
+    result is written into the tensor the capture made (its address), a view is made
+    again from what it views."""
+
+    def __init__(self, calls, fresh):
         self.calls = calls
+        self.fresh = fresh  # slot -> the tensor the capture made, for fresh results
 
     def replay(self):
-        for func, args, kwargs, outs in self.calls:
-            res = func(*args, **kwargs)
-            if outs is not None:  # a fresh result: written where the capture put it
-                for o, r in zip(outs, tree_flatten(res)[0], strict=True):
-                    if isinstance(o, torch.Tensor):
-                        o.copy_(r)
+        vals = dict(self.fresh)
+
+        def resolve(v):
+            if isinstance(v, _Address):
+                t = v.ref()
+                if t is None:
+                    raise RuntimeError("replay reads a tensor freed since the capture")
+                return t
+            return vals[v.k] if isinstance(v, _Slot) else v
+        for func, args, kwargs, slots, fresh in self.calls:
+            res = func(*tree_map(resolve, args), **tree_map(resolve, kwargs))
+            for k, r in zip(slots, tree_flatten(res)[0], strict=True):
+                if k is None:
+                    continue
+                if fresh:
+                    self.fresh[k].copy_(r)
+                else:
+                    vals[k] = r
 
 
 class _Record(TorchDispatchMode):
@@ -47,6 +84,9 @@ class _Record(TorchDispatchMode):
         self.invalid = None
         self.calls = []
         self.made = set()   # storages allocated during the capture
+        self.slot_of = {}   # id(tensor the step made) -> slot
+        self.keep = []      # those tensors, alive while capturing (their ids stay theirs)
+        self.fresh = {}     # slot -> a fresh result (kept: the graph's own memory)
         self.saved = {}     # storage pointer -> (storage, its bytes before the capture)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -67,14 +107,30 @@ class _Record(TorchDispatchMode):
                         s = t.untyped_storage()
                         if s.data_ptr() not in self.made and s.data_ptr() not in self.saved:
                             self.saved[s.data_ptr()] = (s, s.clone())
+
+        def ref(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            k = self.slot_of.get(id(v))
+            return _Address(v) if k is None else _Slot(k)
+        rec_args, rec_kwargs = tree_map(ref, args), tree_map(ref, kwargs)
+        given = {id(v) for v in tree_flatten((args, kwargs))[0]}
         out = func(*args, **kwargs)
         fresh = all(r.alias_info is None for r in schema.returns)
-        leaves = tree_flatten(out)[0]
-        if fresh:
-            for t in leaves:
-                if isinstance(t, torch.Tensor):
-                    self.made.add(t.untyped_storage().data_ptr())
-        self.calls.append((func, args, kwargs, leaves if fresh else None))
+        slots = []
+        for t in tree_flatten(out)[0]:
+            # an in-place op returns its argument: that stays what it was
+            if not isinstance(t, torch.Tensor) or id(t) in given:
+                slots.append(None)
+                continue
+            k = len(self.keep)
+            self.keep.append(t)
+            self.slot_of[id(t)] = k
+            if fresh:
+                self.made.add(t.untyped_storage().data_ptr())
+                self.fresh[k] = t
+            slots.append(k)
+        self.calls.append((func, rec_args, rec_kwargs, slots, fresh))
         return out
 
 
@@ -101,7 +157,7 @@ class HostCapture:
             for s, before in rec.saved.values():
                 s.copy_(before)
         self.captures += 1
-        return _HostGraph(rec.calls), result
+        return _HostGraph(rec.calls, rec.fresh), result
 
     def synchronize(self):
         pass
@@ -274,6 +330,7 @@ def test_an_evaluation_graph_follows_values_the_training_executor_rebinds():
                 tr.run([loss], feed=f)
                 w = tr.local_scopes[0].find_var("fc_0.w_0")
                 tr.local_scopes[0].set_var("fc_0.w_0", w * (1 + k / 8))  # a weight load
+                del w  # nothing of the test's keeps the old weight alive
                 outs.append(ev.run([loss], feed=eval_feed, return_merged=False)[0])
             status = ev.cuda_graph_status([loss])
         return outs, status
