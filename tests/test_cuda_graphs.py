@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import ssaexec as se
 from ssaexec.models import build_cnn, make_optimizer
 from ssaexec.program.builder import append_op
-from ssaexec.runtime.cuda_graph import capture_problem
+from ssaexec.runtime.cuda_graph import CudaCapture, capture_problem
 
 HOST_READS = {"aten._local_scalar_dense.default", "aten.item.default"}
 
@@ -205,10 +205,11 @@ def _same(a, b):
 # --- the stand-in is faithful: replays equal normal steps -----------------------------
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_replays_on_the_cpu_stand_in_equal_normal_steps(n):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_replays_on_the_cpu_stand_in_equal_normal_steps(n, compiled):
     feeds = _feeds(8, b=4 * n, shapes=[4 * n] * 4 + [2 * n] * 3 + [4 * n])
-    ref, ref_params, none = _train(n, feeds, False)
-    got, got_params, status = _train(n, feeds, True)
+    ref, ref_params, none = _train(n, feeds, False, compiled=compiled)
+    got, got_params, status = _train(n, feeds, True, compiled=compiled)
     assert none is None and status["fallback"] is None, status
     assert status["captured"] == 2 and status["replays"] == 4, status
     _same(ref, got)
@@ -401,4 +402,34 @@ def test_cuda_capture_of_fixed_seed_dropout():
     ref = _cuda_run(graphs=False, seed=11)[0]
     got, status, *_ = _cuda_run(seed=11)
     assert status["fallback"] is None and status["captured"] == 2, status
+    _same(ref, got)
+
+
+@pytest.mark.cuda
+def test_cuda_evaluation_graph_never_replays_on_a_freed_tensor():
+    # item 8 on the GPU: torch's liveness check fails a replay that reads freed memory
+    main, startup, loss = _cnn(batch_norm=True)
+    test = main.clone(for_test=True)
+    train_feeds, eval_feed = _feeds(8, seed=1), _feeds(1, seed=2)[0]
+    places = [se.CUDAPlace(0)]
+
+    def run(graphs):
+        outs = []
+        with se.ParallelExecutor(places, main, startup, loss, scope=se.Scope()) as tr, \
+                se.ParallelExecutor(places, test, share_vars_from=tr,
+                                    exec_strategy=se.ExecutionStrategy(
+                                        cuda_graph=graphs)) as ev:
+            ev._graph_capture = lambda: CudaCapture("cuda:0", check_liveness=True)
+            for k, f in enumerate(train_feeds):
+                tr.run([loss], feed=f)
+                w = tr.local_scopes[0].find_var("fc_0.w_0")
+                tr.local_scopes[0].set_var("fc_0.w_0", w * (1 + k / 8))
+                del w
+                outs.append([v.cpu() for v in ev.run([loss], feed=eval_feed,
+                                                     return_merged=False)[0]])
+            status = ev.cuda_graph_status([loss])
+        return outs, status
+    ref, _ = run(False)
+    got, status = run(True)
+    assert status["captured"] == 1 and status["replays"] == 6, status
     _same(ref, got)

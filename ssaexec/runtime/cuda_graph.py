@@ -97,14 +97,18 @@ def capture_problem(graph):
 
 class CudaCapture:
     """Captures with ``torch.cuda.graph`` on ``device``: one side stream and one memory
-    pool for every graph it makes (see the module docstring, Memory)."""
+    pool for every graph it makes (see the module docstring, Memory).
 
-    __slots__ = ("device", "stream", "pool")
+    ``check_liveness``: each replay first checks that no tensor the graph reads from
+    outside it was freed (torch's ``check_input_liveness``; slow, for tests)."""
 
-    def __init__(self, device):
+    __slots__ = ("device", "stream", "pool", "check_liveness")
+
+    def __init__(self, device, check_liveness=False):
         self.device = torch.device(device)
         self.stream = None
         self.pool = None
+        self.check_liveness = check_liveness
 
     def capture(self, step):
         """``(graph, step())`` with ``step``'s GPU work recorded into ``graph``."""
@@ -113,8 +117,10 @@ class CudaCapture:
             self.stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        # only when asked: torch releases before 2.13 lack the argument
+        extra = {"check_input_liveness": True} if self.check_liveness else {}
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
-                              capture_error_mode="relaxed"):
+                              capture_error_mode="relaxed", **extra):
             result = step()
         return graph, result
 
