@@ -132,6 +132,22 @@ def _constants_and_metrics():
     return main, startup, loss.name, synthetic_feed(main, 4), {}
 
 
+def _embedding(sparse):
+    # an embedding (sparse rows or dense) and dropout: the ops with data-shaped gradients
+    main, startup = Program(0), Program(0)
+    with program_guard(main, startup):
+        ids = se.layers.data("ids", [-1, 1], "int64")
+        y = se.layers.data("y", [-1, 1], "float32")
+        emb = se.layers.embedding(ids, size=[10, 4], is_sparse=sparse)
+        h = se.layers.dropout(se.layers.reshape(emb, [-1, 4]), 0.2)
+        loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, 1), y))
+        se.optimizer.Adam(0.01).minimize(loss)
+    g = torch.Generator().manual_seed(0)
+    feed = {"ids": torch.randint(0, 10, (4, 1), generator=g),
+            "y": torch.randn(4, 1, generator=g)}
+    return main, startup, loss.name, feed, {}
+
+
 class _Positions(nn.Module):
     """Positions and a mask made with factory ops, and a graph constant (torch.tensor)."""
 
@@ -192,8 +208,16 @@ CASES = {
        for n in ("uci_housing", "seed_mlp", "mnist_mlp", "small_resnet")},
     **{f"{o}-{s}": (lambda o=o, s=s: _mlp(OPTIMIZERS[o](SCHEDULES[s]()))) for o, s in PAIRS},
     "amp-bf16": lambda: _mlp(se.optimizer.Adam(0.1), amp="bf16"),
+    # two places in one thread (the synchronous scheduler): collectives, owners, broadcasts
+    "two-places-all-reduce": lambda: _mlp(se.optimizer.Adam(0.1), places=2),
+    "two-places-reduce": lambda: _mlp(se.optimizer.Adam(0.1), places=2,
+                                      build={"reduce_strategy": "reduce"}),
+    "two-places-zero2": lambda: _mlp(se.optimizer.Adam(0.1), places=2,
+                                     build={"zero_stage": 2}),
     "amp-fp16": lambda: _mlp(se.optimizer.Momentum(0.1, momentum=0.9), amp="fp16"),
     "constants-and-accuracy": _constants_and_metrics,
+    "embedding-dense": lambda: _embedding(False),
+    "embedding-sparse": lambda: _embedding(True),  # allowed: its coalesce (ALLOWED says why)
     "import-positions": lambda: _imported("positions"),
     "import-transformer": lambda: _imported("transformer"),
     "import-eval-positions": lambda: _imported("positions", eval_=True),
@@ -216,7 +240,8 @@ def _detect(case, device, path, sequential=False, mode="warn"):
     ``device``: "cpu", "meta" or "cuda" (bench/gpu_check.py runs these cases on a GPU).
     """
     main, startup, loss, feed, strategy = case
-    place = {"meta": MetaPlace(0), "cpu": se.CPUPlace(0)}.get(device) or se.CUDAPlace(0)
+    place = {"meta": MetaPlace(0), "cpu": se.CPUPlace(0)}.get(device) or \
+        se.CUDAPlace(0, device_index=0)
     fetch = [] if device == "meta" else [loss]  # a meta value cannot be read back
     compiled = path == "compiled"
     with warnings.catch_warnings():
@@ -230,9 +255,15 @@ def _detect(case, device, path, sequential=False, mode="warn"):
             with HostSyncDetector(mode) as found:
                 step()
             return found
+        strategy = dict(strategy)
+        build = se.BuildStrategy(**strategy.pop("build", {}))
+        # more places: the next ones (on a GPU, places sharing its one device)
+        more = range(1, strategy.pop("places", 1))
+        places = [place] + [se.CUDAPlace(i, device_index=0) if device == "cuda"
+                            else type(place)(i) for i in more]
         es = se.ExecutionStrategy(compiled=compiled, num_threads=1, **strategy)
-        with se.ParallelExecutor([place], main, startup, loss, scope=se.Scope(),
-                                 exec_strategy=es) as pe:
+        with se.ParallelExecutor(places, main, startup, loss, scope=se.Scope(),
+                                 exec_strategy=es, build_strategy=build) as pe:
             for _ in range(2):
                 pe.run(fetch, feed=feed)
             with HostSyncDetector(mode) as found:
@@ -240,9 +271,10 @@ def _detect(case, device, path, sequential=False, mode="warn"):
     return found
 
 
-# the small ResNet computes for seconds on the CPU: on the meta place alone
+# the small ResNet computes for seconds on the CPU: on the meta place alone; sparse tensors
+# have no meta kernels (coalesce): on the CPU alone
 SWEEP = [(n, d) for n in sorted(CASES) for d in DEVICES
-         if (n, d) != ("example-small_resnet", "cpu")]
+         if (n, d) not in (("example-small_resnet", "cpu"), ("embedding-sparse", "meta"))]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -260,6 +292,13 @@ def test_one_sequential_step_does_nothing_on_the_host(name, device, path):
     # the sequential Executor runs the loss seed (a fill_constant of shape []) as an op
     found = _detect(_case(name), device, path, sequential=True)
     assert found.findings == [], "\n".join(found.report())
+
+
+def test_sparse_gradients_are_allowed_with_their_reason():
+    found = _detect(_case("embedding-sparse"), "cpu", "compiled")
+    sparse = [f for f in found.allowed_findings if f.kind == "data-dependent shape"]
+    assert sparse and all(f.where.startswith("ssaexec/ops/sparse.py") and "sparse" in f.reason
+                          for f in sparse), found.report()
 
 
 def test_feeds_are_the_one_copy_a_step_makes():
@@ -334,3 +373,29 @@ def test_one_step_of_a_zoo_model_does_nothing_on_the_host(name, path):
     main, startup = _with_optimizer(main0, startup0, se.optimizer.AdamW(0.01))
     found = _detect((main, startup, loss, test_zoo._batches(name)[0], {}), "meta", path)
     assert found.findings == [], "\n".join(found.report())
+
+
+# --- on a GPU (make gpu-check runs these; bench/gpu_check.py's host-sync part all cases) -----
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["example-mnist_mlp", "sgd-lambda", "amp-fp16",
+                                  "constants-and-accuracy", "import-eval-positions",
+                                  "two-places-reduce"])
+def test_one_step_on_a_gpu_does_nothing_on_the_host(name, path):
+    found = _detect(_case(name), "cuda", path)
+    assert found.findings == [], "\n".join(found.report())
+
+
+@pytest.mark.cuda
+def test_cuda_sync_debug_mode_reports_a_sync_where_it_was_made():
+    x = torch.arange(4.0, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HostSyncWarning)
+        with HostSyncDetector("warn") as found:
+            x.sum().item()
+    kinds = {f.kind for f in found.findings}
+    assert {"host read", "cuda sync"} <= kinds, found.report()
+    assert torch.cuda.get_sync_debug_mode() == 0  # put back as it was
+    with pytest.raises(HostSyncError), HostSyncDetector("error"):
+        x.sum().item()

@@ -64,7 +64,8 @@ _HOST_TENSORS = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
 _DATA_SHAPED = {"aten.nonzero", "aten.argwhere", "aten.masked_select", "aten._unique",
                 "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
                 "aten.unique_dim_consecutive", "aten.bincount", "aten.repeat_interleave",
-                "aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"}
+                "aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_",
+                "aten._coalesce"}
 _FACTORIES = {torch.full, torch.zeros, torch.ones, torch.empty, torch.arange, torch.rand,
               torch.randn, torch.randint, torch.linspace, torch.logspace, torch.eye,
               torch.empty_strided, torch.scalar_tensor, torch.randperm}
@@ -145,6 +146,10 @@ ALLOWED = (
             "CPU only by design: an update reads its lr as a number only when the lr is a "
             "CPU tensor (free there, and torch.optim's in-place form); on a device it "
             "multiplies by the lr tensor"),
+    Allowed("data-dependent shape", "ssaexec/ops/sparse.py",
+            "sparse gradients (embedding is_sparse=True) hold the rows a batch touched: "
+            "coalescing them sizes by the data, a sync per step on a GPU that is the price of "
+            "sparse updates (a dense gradient has none)"),
     Allowed("cuda sync", "ssaexec/feed.py",
             "a feed in pageable host memory is copied synchronously (feed pinned tensors, "
             "or use se.DataLoader, to make it asynchronous)"),

@@ -25,11 +25,14 @@ Policy and invariants of the lowered program:
   result; ``output_names`` lists them. Its graph constants are ``assign_bytes``
   ops in ``main`` (``constants_in_main``), so its persistable vars are exactly the
   module's parameters and buffers, under the names the training import gives
-  them: an evaluation executor can run on the training executor's values.
+  them: an evaluation executor can run on the training executor's values. Such a
+  constant is decoded and copied to a place's device on its first runs only, then
+  cloned there each step (``ssaexec.ops.init.DeviceConstant``).
 * The loss is ``loss`` (``LOSS_NAME``); its gradient seed is a ``fill_constant``
-  of 1 with role ``loss`` writing ``loss@GRAD``, which the SSA graph builder
-  replaces with ScaleLossGrad (1/places), so the summed (all-reduced) gradient
-  is the gradient of the mean over all places.
+  of 1 with role ``loss`` writing ``loss@GRAD`` (filled on the place's device by
+  the sequential executor), which the SSA graph builder replaces with
+  ScaleLossGrad (1/places), so the summed (all-reduced) gradient is the gradient
+  of the mean over all places.
 * The op that produces a parameter's gradient writes ``<param>@GRAD`` and
   carries ``role_var=[(param, <param>@GRAD)]`` (role ``backward``), so the graph
   builder all-reduces it right there. Ops that depend on the seed have role
