@@ -11,8 +11,11 @@ other data vars are shared by every place; a persistable var may be fed only wit
 ``allow_persistable_feed`` and is then copied once per place, never the caller's
 tensor. A list of dicts feeds each place its own.
 
-Binding and forgetting. ``bind_feeds`` copies each place's part to its device and
-fails on a data var nobody fed; ``forget_feeds`` undoes a failed step's feed, so a
+Binding and forgetting. ``bind_feeds`` copies each place's part to its device (a
+part already there, such as a slice of a data set kept on the GPU, is bound as it
+is: it stays the caller's, so nothing may write a bound feed; a captured CUDA
+graph copies later feeds into input buffers of its own, ``runtime.cuda_graph``)
+and fails on a data var nobody fed; ``forget_feeds`` undoes a failed step's feed, so a
 later run that feeds nothing cannot reuse it, and a fed persistable returns to its
 old value.
 """

@@ -9,8 +9,9 @@ addresses it captured. Like a CUDA capture it leaves every tensor that existed b
 the capture as it was (capturing does not run the step), fails on a read on the host
 (``strict``) and on a generator the graph does not know, holds the tensors that existed
 before the capture only weakly (a replay that reads a freed one fails: a GPU would read
-freed memory), and its replays ignore later rebindings in the scopes. torch itself is the oracle: the same steps run normally.
-The real thing is tested at the end (``cuda``-marked, skipped without a GPU).
+freed memory), and its replays ignore later rebindings in the scopes. torch itself is
+the oracle: the same steps run normally. The real thing is tested at the end
+(``cuda``-marked, skipped without a GPU).
 """
 
 import weakref
