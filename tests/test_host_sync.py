@@ -102,9 +102,9 @@ PATHS = ["compiled", "readable"]
 DEVICES = ["cpu", "meta"]
 
 
-def _example(name):
-    main = load_program(EXAMPLES / f"{name}.json")
-    startup = load_program(EXAMPLES / f"{name}.startup.json")
+def _example(name, form="json"):
+    main = load_program(EXAMPLES / f"{name}.{form}")
+    startup = load_program(EXAMPLES / f"{name}.startup.{form}")
     return main, startup, "mean_0.tmp_0", synthetic_feed(main, 4), {}
 
 
@@ -204,8 +204,12 @@ PAIRS = [("sgd", "constant"), ("sgd", "lambda"), ("momentum", "step"),
          ("adamw", "piecewise"), ("adamw", "warmup")]
 
 CASES = {
+    # every program in examples/ (the scripts build an MLP and Llama: below and the zoo)
     **{f"example-{n}": (lambda n=n: _example(n))
-       for n in ("uci_housing", "seed_mlp", "mnist_mlp", "small_resnet")},
+       for n in ("uci_housing", "seed_mlp", "mnist_mlp", "small_resnet",
+                 "uci_housing_pserver")},
+    **{f"example-{n}-text": (lambda n=n: _example(n, "ssa"))
+       for n in ("uci_housing", "seed_mlp")},
     **{f"{o}-{s}": (lambda o=o, s=s: _mlp(OPTIMIZERS[o](SCHEDULES[s]()))) for o, s in PAIRS},
     "amp-bf16": lambda: _mlp(se.optimizer.Adam(0.1), amp="bf16"),
     # two places in one thread (the synchronous scheduler): collectives, owners, broadcasts
@@ -313,8 +317,8 @@ def test_feeds_are_the_one_copy_a_step_makes():
 
 SYNCS = {
     "host read": [lambda x: x[0].item(), lambda x: x.tolist(), lambda x: bool(x[1]),
-                  lambda x: float(x.sum()), lambda x: x[torch.full((), 1, dtype=torch.int64, device=x.device)],
-                  lambda x: x.numpy()],
+                  lambda x: float(x.sum()), lambda x: x.numpy(),
+                  lambda x: x[torch.full((), 1, dtype=torch.int64, device=x.device)]],
     "host tensor": [lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0])],
     "default device": [lambda x: torch.full([4], 1.0), lambda x: torch.zeros(4)],
     "data-dependent shape": [lambda x: x.nonzero(), lambda x: x[x > 1],
