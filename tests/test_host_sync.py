@@ -349,6 +349,22 @@ def test_the_detector_passes_device_side_work():
     assert found.findings == [] and found.allowed_findings == []
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_error_mode_stops_the_step_with_the_finding(path):
+    # with nothing allowed, the CPU-only lr read of an SGD update is an error, raised out
+    # of the step as an SSAExecError naming where it was made (an update is in the step's
+    # commit phase, so the executor chains it to a CommitError)
+    main, startup, loss, feed, _ = _case("sgd-constant")
+    es = se.ExecutionStrategy(compiled=path == "compiled", num_threads=1)
+    with se.ParallelExecutor([se.CPUPlace(0)], main, startup, loss, scope=se.Scope(),
+                             exec_strategy=es) as pe:
+        pe.run([loss], feed=feed)
+        with pytest.raises(se.SSAExecError, match="host read: .* at ssaexec/ops/optim.py") \
+                as caught, HostSyncDetector("error", allowed=(), cuda=False):
+            pe.run([loss], feed=feed)
+    assert HostSyncError in (type(caught.value), type(caught.value.__cause__))
+
+
 def test_an_allowed_finding_names_its_rule_and_reason():
     rule = Allowed("host read", "ssaexec/ops/init.py", "a test's reason")
     from ssaexec.ops.init import DeviceConstant

@@ -34,6 +34,7 @@ detector watches is changed; a step runs slower under it (each ATen call goes
 through Python), so it is for tests and ``make gpu-check``, not for training.
 """
 
+import os
 import sys
 import warnings
 
@@ -71,8 +72,8 @@ _FACTORIES = {torch.full, torch.zeros, torch.ones, torch.empty, torch.arange, to
               torch.empty_strided, torch.scalar_tensor, torch.randperm}
 _HOST_READ_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
 
-_PACKAGE = __file__.rsplit("/", 2)[0] + "/"   # .../ssaexec/
-_SELF = __file__
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../ssaexec/
+_SELF = os.path.abspath(__file__)
 
 
 class HostSyncError(SSAExecError):
@@ -133,7 +134,8 @@ class HostSync:
 ALLOWED = (
     Allowed("copy to device", "ssaexec/feed.py",
             "a step's inputs come from the host: the feed is the one host-to-device copy "
-            "a step needs (pinned and non-blocking on CUDA)"),
+            "a step needs (non-blocking; asynchronous when the feed is pinned, as "
+            "se.DataLoader's are)"),
     Allowed("host tensor", "ssaexec/feed.py",
             "feeds given as numpy arrays or lists become tensors on the host, then move"),
     Allowed("default device", "ssaexec/runtime/graph_runner.py:GraphRunner._fetch_fn",
@@ -167,7 +169,7 @@ def _stack(depth=2):
     while f is not None:
         path = f.f_code.co_filename
         if path.startswith(_PACKAGE) and path != _SELF:
-            rel = "ssaexec/" + path[len(_PACKAGE):]
+            rel = "ssaexec/" + path[len(_PACKAGE):].replace(os.sep, "/")
             frames.append(f"{rel}:{f.f_code.co_qualname}")
             if op is None and rel == "ssaexec/runtime/op_call.py" and f.f_code.co_name == "_run":
                 op = getattr(f.f_locals.get("self"), "label", None)
@@ -278,7 +280,8 @@ class HostSyncDetector:
         self.allowed_findings = []
         self._modes = None
         self._cuda_prev = None
-        self._caught = None
+        self._caught = None     # the catch_warnings that collects CUDA's reports
+        self._cuda_log = None
 
     def _found(self, kind, call, stack=None):
         if stack is None:
@@ -326,7 +329,8 @@ class HostSyncDetector:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
                     continue
                 path = w.filename
-                where = "ssaexec/" + path[len(_PACKAGE):] if path.startswith(_PACKAGE) else path
+                where = ("ssaexec/" + path[len(_PACKAGE):].replace(os.sep, "/")
+                         if path.startswith(_PACKAGE) else path)
                 self._found("cuda sync", str(w.message).splitlines()[0], [where])
             self.mode = mode
             if mode == "error" and exc[0] is None and any(
