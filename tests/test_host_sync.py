@@ -6,6 +6,11 @@ builds a tensor on the host with ``torch.tensor(..., device=)`` copies it over,
 blocking. Both are visible on the CPU: a real dispatch mode records every ATen
 call a kernel makes, here on the ``meta`` device standing in for a GPU (a host
 read of a meta tensor fails outright).
+
+The second half runs the package's detector (``ssaexec.runtime.host_sync``) over one
+step of every example program, optimizer, LR schedule, AMP mode and imported model
+(the transformers zoo: slow), on CPU and meta places, both execution paths, and checks
+the detector itself; ``make gpu-check`` runs the same cases on a GPU.
 """
 
 import torch
