@@ -234,8 +234,8 @@ class StepGraphs:
             bufs = {}
             for name, fed in d.items():
                 t = scope.vars[name]
-                if t is fed or t.untyped_storage().data_ptr() == \
-                        fed.untyped_storage().data_ptr():
+                if t is fed or t.device == fed.device and \
+                        t.untyped_storage().data_ptr() == fed.untyped_storage().data_ptr():
                     t = torch.empty_like(t).copy_(t)
                     scope.vars[name] = t
                 bufs[name] = t
