@@ -167,6 +167,32 @@ class _Positions(nn.Module):
         return self.lin(x * pos * keep * weight)
 
 
+class _Pooled(nn.Module):
+    """Max pooling and an embedding: ATen kernels that trust their index arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.conv = nn.Embedding(10, 4), nn.Conv2d(1, 2, 3, padding=1)
+        self.lin = nn.Linear(2 * 2 * 2 + 4, 3)
+
+    def forward(self, x, ids):
+        h = F.max_pool2d(torch.relu(self.conv(x)), 2)
+        return self.lin(torch.cat([h.flatten(1), self.emb(ids).mean(1)], 1))
+
+
+def _from_file():
+    # a program file is untrusted: guarded ATen ops check their index arguments first
+    from ssaexec.program.serialize import from_json, to_json
+    torch.manual_seed(0)
+    feed = {"x": torch.randn(4, 1, 4, 4), "ids": torch.randint(0, 10, (4, 3)),
+            "target": torch.randint(0, 3, (4,))}
+    main, startup, loss = se.from_torch(_Pooled(), feed, loss_fn=F.cross_entropy,
+                                        optimizer=se.optimizer.SGD(0.1))
+    main, startup = from_json(to_json(main)), from_json(to_json(startup))
+    assert not main.trusted
+    return main, startup, loss, feed, {}
+
+
 def _transformer():
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
     return nn.Sequential(nn.TransformerEncoder(layer, 1, enable_nested_tensor=False),
@@ -230,6 +256,7 @@ CASES = {
     "import-positions": lambda: _imported("positions"),
     "import-transformer": lambda: _imported("transformer"),
     "import-eval-positions": lambda: _imported("positions", eval_=True),
+    "import-pooled-from-file": _from_file,  # allowed: its guards' reads (ALLOWED says why)
 }
 
 
@@ -308,6 +335,15 @@ def test_sparse_gradients_are_allowed_with_their_reason():
     sparse = [f for f in found.allowed_findings if f.kind == "data-dependent shape"]
     assert sparse and all(f.where.startswith("ssaexec/ops/sparse.py") and "sparse" in f.reason
                           for f in sparse), found.report()
+
+
+def test_an_untrusted_programs_guards_are_allowed_with_their_reason():
+    found = _detect(_case("import-pooled-from-file"), "cpu", "readable")
+    guards = [f for f in found.allowed_findings if f.where.startswith("ssaexec/ops/guards.py")]
+    ops = " ".join(f.op or "" for f in guards)
+    assert "embedding_dense_backward" in ops and "max_pool2d_with_indices_backward" in ops, \
+        found.report()
+    assert all(f.kind == "host read" and "untrusted" in f.reason for f in guards)
 
 
 def test_feeds_are_the_one_copy_a_step_makes():

@@ -148,6 +148,11 @@ ALLOWED = (
             "CPU only by design: an update reads its lr as a number only when the lr is a "
             "CPU tensor (free there, and torch.optim's in-place form); on a device it "
             "multiplies by the lr tensor"),
+    Allowed("host read", "ssaexec/ops/guards.py",
+            "a program file is untrusted: the index arguments of the few ATen kernels that "
+            "trust them are range-checked first (docs/security.md), one read per such op "
+            "and step; a device-side assert would end the CUDA context instead. Programs "
+            "built in this process (trusted) skip the checks"),
     Allowed("data-dependent shape", "ssaexec/ops/sparse.py",
             "sparse gradients (embedding is_sparse=True) hold the rows a batch touched: "
             "coalescing them sizes by the data, a sync per step on a GPU that is the price of "
