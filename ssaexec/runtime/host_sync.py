@@ -99,10 +99,10 @@ class Allowed:
             raise ValueError(f"unknown host-sync kind {kind!r}; one of {sorted(KINDS)}")
         self.kind, self.where, self.reason = kind, where, reason
 
-    def matches(self, finding):
+    def covers(self, stack):
+        """Whether ``where`` is on ``stack`` (a finding's; the detector matched the kind)."""
         w = self.where
-        return finding.kind == self.kind and any(
-            f == w or (f.startswith(w) and f[len(w)] in ":.") for f in finding.stack)
+        return any(f == w or (f.startswith(w) and f[len(w)] in ":.") for f in stack)
 
     def __repr__(self):
         return f"Allowed({self.kind!r}, {self.where!r})"
@@ -280,6 +280,9 @@ class HostSyncDetector:
             raise ValueError(f"HostSyncDetector mode must be 'warn' or 'error', got {mode!r}")
         self.mode = mode
         self.allowed = tuple(allowed)
+        self._rules = {}  # kind -> the rules of that kind
+        for rule in self.allowed:
+            self._rules.setdefault(rule.kind, []).append(rule)
         self.cuda = torch.cuda.is_available() if cuda is None else bool(cuda)
         self.findings = []
         self.allowed_findings = []
@@ -294,8 +297,8 @@ class HostSyncDetector:
         else:
             op = None
         finding = HostSync(kind, call, stack, op)
-        for rule in self.allowed:
-            if rule.matches(finding):
+        for rule in self._rules.get(kind, ()):
+            if rule.covers(stack):
                 finding.reason = rule.reason
                 self.allowed_findings.append(finding)
                 return
@@ -326,6 +329,7 @@ class HostSyncDetector:
             self._caught = None
             log, self._cuda_log = self._cuda_log, None
             mode, self.mode = self.mode, "warn"  # CUDA's reports raise below, all at once
+            before = len(self.findings)
             for w in log:
                 if issubclass(w.category, HostSyncWarning):
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -338,10 +342,10 @@ class HostSyncDetector:
                          if path.startswith(_PACKAGE) else path)
                 self._found("cuda sync", str(w.message).splitlines()[0], [where])
             self.mode = mode
-            if mode == "error" and exc[0] is None and any(
-                    f.kind == "cuda sync" for f in self.findings):
+            syncs = self.findings[before:]
+            if mode == "error" and exc[0] is None and syncs:
                 raise HostSyncError("synchronising CUDA calls inside a step: " + "; ".join(
-                    str(f) for f in self.findings if f.kind == "cuda sync"))
+                    str(f) for f in syncs))
         return False
 
     def report(self):
