@@ -16,8 +16,8 @@ b32x128 and b4x128, and 1 vs 2 places on one GPU; the host-sync detector
 tests/test_host_sync.py on a CUDA place, both paths, each finding listed (the part
 fails only if a case cannot run); bench/dispatch_overhead.py --device cuda; a
 torch.profiler trace of one compiled step of a small from_torch model with the
-idle GPU time between kernels counted; bench/validate_sim.py (CPU places only: it has no
-GPU option).
+idle GPU time between kernels counted; bench/validate_sim.py --device cuda (the
+simulator's prediction of 1 place against 2 places on one GPU, against the measurement).
 
 Without a GPU visible to torch it says so on one line, writes a small report and exits 0.
 """
@@ -258,10 +258,11 @@ def parts(out, quick=False):
                 "cuda:0,0) vs eager",
                 ["--places", "cuda:0,0", "--place-counts", "1,2", "--modes",
                  "ssaexec,torch-eager"], 90),
-        Part("validate-sim", "the simulator against measured runs (CPU places only: "
-             "validate_sim.py has no GPU option)",
-             [py, "bench/validate_sim.py", "--rounds", "1", "--json", str(sim_json)]
-             + (["--steps", "4"] if quick else []), 150, json_path=sim_json, kind="sim"),
+        Part("validate-sim", "the simulator's prediction against measured runs: 1 place "
+             "and 2 places on one GPU (cuda:0, cuda:0,0)",
+             [py, "bench/validate_sim.py", "--device", "cuda", "--rounds", "1", "--json",
+              str(sim_json)]
+             + (["--steps", "4"] if quick else []), 180, json_path=sim_json, kind="sim"),
     ]
 
 

@@ -368,3 +368,20 @@ def test_cores_running_side_by_side_slow_each_other():
     # relu (30 us) starts while scale runs on the other core: at half speed it takes 60
     assert fast.step_s == pytest.approx(36 * US)
     assert slow.step_s == pytest.approx(60 * US + 5 * US + 1 * US)
+
+
+def test_fp16_updates_fuse_in_the_simulator_as_in_the_compiled_path():
+    # the simulator takes its fusion rule from the compiled path (runtime.codegen):
+    # fp16 loss scaling's updates share one SkipUpdate, and fuse into foreach calls there
+    from ssaexec.models import build_mlp
+    from ssaexec.program.amp import amp_program
+    main, _, _ = build_mlp(in_dim=6, hidden=(5, 4), optimizer=se.optimizer.Adam(0.01))
+    labels = {}
+    for amp in ("bf16", "fp16"):
+        graph = se.build_ssa_graph(amp_program(main, amp), [se.CPUPlace(0)])
+        profile = Profile({op_key(h): OpCost(1 * US, 0.0) for h in graph.ops},
+                          batch=1, device="cpu", threads=1)
+        r = simulate_step(graph, profile, _cpu())
+        labels[amp] = [a.label for a in r.activities if "adam" in a.label]
+    for amp, found in labels.items():
+        assert found and all("_foreach" in x for x in found), (amp, found)

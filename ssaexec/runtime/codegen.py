@@ -50,7 +50,7 @@ from ..program.desc import EMPTY_VAR
 from .op_call import BlockContext, OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
-__all__ = ["Lowered", "lower_segment", "CloneCounter", "emit_handle"]
+__all__ = ["Lowered", "lower_segment", "CloneCounter", "emit_handle", "plan_fusion"]
 
 _IDS = itertools.count()
 
@@ -316,7 +316,7 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
         for v in h.inputs:
             if not v.is_dummy:
                 last_use[id(v)] = k
-    fused_at, fused_skip = _plan_fusion(handles)
+    fused_at, fused_skip = plan_fusion(handles)
     n_ops = 0
     for k, h in enumerate(handles):
         if k in fused_skip:
@@ -573,7 +573,9 @@ def _fusable(h):
     return key
 
 
-def _plan_fusion(handles):
+def plan_fusion(handles):
+    """(index of the last member -> group, indices to skip): the optimizer updates of
+    one segment that run as one ``torch._foreach_*`` call (the simulator shares it)."""
     groups = {}
     for k, h in enumerate(handles):
         key = _fusable(h)

@@ -56,6 +56,7 @@ from collections import deque
 
 from ..dtypes import torch_dtype
 from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle, FetchOpHandle
+from ..runtime.codegen import plan_fusion
 from .comm import collective_time
 from .profile import OpCost
 
@@ -68,6 +69,7 @@ __all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph"]
 FOREACH = {"sgd": (1, 3), "momentum": (3, 8), "adam": (16, 30)}
 FOREACH_GPU = {"sgd": (2, 5), "momentum": (4, 10), "adam": (16, 30)}
 FOREACH_PER_TENSOR_S = 0.25e-6  # host time per list element of a foreach call (assumed)
+UPDATED = {"sgd": 1, "momentum": 2, "adam": 3}  # tensors an update writes (param, moments)
 
 
 class Activity:
@@ -186,25 +188,6 @@ def _core_speed(host, busy):
     if host.cores <= 1 or busy <= 1:
         return 1.0
     return 1.0 - (1.0 - host.parallel_efficiency) * (min(busy, host.cores) - 1) / (host.cores - 1)
-
-
-def _fusion(handles):
-    """(index of the last member -> group, indices to skip): the optimizer ops of one
-    segment the compiled path fuses (one coll, one learning rate, same attributes)."""
-    from ..graph.ssa import ComputationOpHandle
-    groups = {}
-    for k, h in enumerate(handles):
-        if isinstance(h, ComputationOpHandle) and h.op.type in FOREACH and \
-                not h.op.input("SkipUpdate") and h.op.input("Param"):
-            key = (h.op.type, tuple(h.op.input("LearningRate")),
-                   tuple(sorted((a, repr(v)) for a, v in h.op.attrs.items())))
-            groups.setdefault(key, []).append(k)
-    at, skip = {}, set()
-    for members in groups.values():
-        if len(members) > 1:
-            at[members[-1]] = [handles[k] for k in members]
-            skip.update(members[:-1])
-    return at, skip
 
 
 class _Slot:
@@ -444,6 +427,14 @@ class _Replay:
         device_s = calls * dev.kernel_min + traffic * nbytes / bw
         host_s = 0.0 if self.cuda_graph else \
             calls * (self.host.op_s + len(group) * FOREACH_PER_TENSOR_S)
+        if group[0].op.input("SkipUpdate"):
+            # fp16 loss scaling (codegen): one foreach snapshot of the updated tensors, then
+            # one ``where`` per updated tensor puts back a skipped step's old values
+            wheres = len(group) * UPDATED[group[0].op.type]
+            device_s += (1 + wheres) * dev.kernel_min + \
+                5 * UPDATED[group[0].op.type] * nbytes / bw
+            if not self.cuda_graph:
+                host_s += self.host.op_s * (1 + wheres) + wheres * FOREACH_PER_TENSOR_S
         label = f"{group[0].op.type}_foreach#{group[-1].op_index}"
         t = self.host_work(thread, host_s, label)
         if self.gpu:
@@ -542,7 +533,8 @@ class _Replay:
 
     # --- scheduling -----------------------------------------------------------------------
     def node_gen(self, thread, node):
-        fused_at, skip = _fusion(node.handles) if self.compiled else ({}, ())
+        # the compiled path's own fusion rule (fp16 updates sharing a SkipUpdate fuse too)
+        fused_at, skip = plan_fusion(node.handles) if self.compiled else ({}, ())
         for k, h in enumerate(node.handles):
             if k in skip:
                 continue
