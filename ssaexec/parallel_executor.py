@@ -91,8 +91,11 @@ class ParallelExecutor:
     share_vars_from : ParallelExecutor, optional
         Run on that executor's values (an evaluation program next to a training
         one): each place's scope falls back to the other executor's scope of the same
-        place, so it always sees the current parameters and statistics, and what this
-        program writes stays its own. The places must be the same.
+        place, so it always sees the current parameters and statistics. What this
+        program writes to its own vars stays its own; what it writes to a var the
+        other executor holds (an evaluation batch norm's unchanged running statistics)
+        lasts its step only, so the next step reads the other's current value again.
+        The places must be the same.
     """
 
     def __init__(self, places=None, main_program=None, startup_program=None, loss_name=None,
@@ -136,6 +139,7 @@ class ParallelExecutor:
         self._step_graphs = {}  # id(runner) -> runtime.cuda_graph.StepGraphs
         # makes each StepGraphs' capture mechanism (None: CUDA graphs); tests set a CPU one
         self._graph_capture = None
+        self._shadowing = None  # share_vars_from: persistable names a step may shadow
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
         self._probes = {}
         self._device_contexts = None
@@ -212,6 +216,8 @@ class ParallelExecutor:
                                "there); an executor can only share the values of its own "
                                "places")
         self.local_scopes = [s.new_scope() for s in other.local_scopes]
+        self._shadowing = frozenset(v.name for b in self.program.blocks
+                                    for v in b.vars.values() if v.persistable)
 
     def _set_torch_threads(self):
         cpu = [p for p in self.places if not p.is_cuda]
@@ -528,8 +534,19 @@ class ParallelExecutor:
             forget_feeds(self.program, self.local_scopes, per_place, replaced)
             raise
         self._micro_step += 1
+        if self._shadowing is not None:
+            self._unshadow()
         return [self._merge(name, fetched[name]) if return_merged else fetched[name]
                 for name in fetch]
+
+    def _unshadow(self):
+        # share_vars_from: a persistable of the other executor that this step rebound (an
+        # evaluation batch norm returns its running statistics, unchanged) would hide that
+        # executor's later values from every later step here; drop the step's binding
+        for scope in self.local_scopes:
+            for name in [n for n in scope.vars if n in self._shadowing]:
+                if scope.parent is not None and scope.parent.find_var(name) is not None:
+                    del scope.vars[name]
 
     def _graphs_of(self, runner):
         graphs = self._step_graphs.get(id(runner))

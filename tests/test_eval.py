@@ -57,6 +57,30 @@ def test_an_eval_executor_shares_the_trained_values_and_sees_every_update():
     assert "dropout" in str(test) and "is_test=true" in str(test)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "readable"])
+def test_an_eval_executor_sees_the_running_statistics_trained_after_its_first_run(compiled):
+    # an evaluation batch norm returns its running statistics unchanged, which bound them
+    # in the eval executor's own scopes: every later run read its first run's statistics
+    main, startup, loss, test, (_, _, _, _, _, logits) = _program()
+    feed = _data()
+    strategy = se.ExecutionStrategy(compiled=compiled)
+    with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope(),
+                             exec_strategy=strategy) as train:
+        with se.ParallelExecutor(se.cpu_places(2), test, share_vars_from=train,
+                                 exec_strategy=strategy) as ev:
+            ev.run([logits], feed=feed)
+            for _ in range(5):
+                train.run([loss], feed=feed)
+            got = ev.run([logits], feed=feed)[0]
+            for i, scope in enumerate(train.local_scopes):
+                for name in ("batch_norm_0.w_1", "batch_norm_0.w_2"):
+                    assert ev.local_scopes[i].find_var(name) is scope.find_var(name)
+        with se.ParallelExecutor(se.cpu_places(2), test, share_vars_from=train,
+                                 exec_strategy=strategy) as fresh:
+            want = fresh.run([logits], feed=feed)[0]
+    assert torch.equal(got, want)
+
+
 def test_sharing_needs_the_same_places():
     main, startup, loss, test, _ = _program()
     with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope()) as train:
