@@ -83,7 +83,7 @@ from ..dtypes import DTYPES, dtype_name, torch_dtype
 from .guards import guarded
 from .policy import check_op_type
 from .portable import portable
-from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, arg_kinds, resolve_overload
+from .schema import LAYOUTS, MEMORY_FORMATS, SYM_ATTR, Unsupported, arg_kinds, resolve_overload
 from .registry import REQUIRED, OpDef, register_family, register_op, unaliased
 from .init import DeviceConstant, register_device_kernel
 from .size_expr import parse_size_expr
@@ -154,10 +154,10 @@ class CompiledCall:
     def _decoder(self, op_type, name, enc, value):
         # Each decoder is fn(xs, env) -> the Python argument; constants are closed over.
         where = f"{op_type}: argument {name!r}"
-        if enc.startswith("unsupported:"):
+        if isinstance(enc, Unsupported):
             if value is None:
                 return lambda xs, env: None
-            raise ProgramError(f"{where} has schema type {enc[12:]}, which ssaexec cannot "
+            raise ProgramError(f"{where} has schema type {enc.type}, which ssaexec cannot "
                                "encode")
         if enc == "generator":
             if value is not None:

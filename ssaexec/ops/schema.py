@@ -3,12 +3,16 @@
 A leaf of ``ops/``: the operator policy (``policy.py``) and the generic ATen kernels
 (``aten.py``) both read schemas through it. Kinds: ``tensor``, ``tensor_list``, ``size``
 (ints, floats, numbers and lists of them), ``dtype``, ``layout``, ``memory_format``,
-``device``, ``literal`` (bools, strings), ``generator`` and ``unsupported:<type>``.
+``device``, ``literal`` (bools, strings), ``generator`` — each a string — and
+``Unsupported(<type>)`` for a schema type ssaexec cannot encode. The last is a type, not a
+string prefix, so callers ask ``isinstance(kind, Unsupported)`` and read ``kind.type``
+instead of slicing a string.
 """
 
 import torch
 
-__all__ = ["SYM_ATTR", "MEMORY_FORMATS", "LAYOUTS", "resolve_overload", "arg_kinds"]
+__all__ = ["SYM_ATTR", "MEMORY_FORMATS", "LAYOUTS", "Unsupported", "resolve_overload",
+           "arg_kinds"]
 
 SYM_ATTR = "@sym"
 
@@ -17,6 +21,42 @@ MEMORY_FORMATS = {"preserve_format": torch.preserve_format,
                   "channels_last": torch.channels_last,
                   "channels_last_3d": torch.channels_last_3d}
 LAYOUTS = {"strided": torch.strided}
+
+
+class Unsupported:
+    """The kind of a schema argument whose type ssaexec cannot encode.
+
+    Immutable; two are equal when they name the same schema type, and neither equals
+    any of the string kinds.
+
+    Parameters
+    ----------
+    type : str
+        The schema type as torch spells it (``"Storage"``, ``"Optional[Stream]"``).
+    """
+
+    __slots__ = ("type",)
+
+    def __init__(self, type):
+        object.__setattr__(self, "type", str(type))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Unsupported is immutable; cannot set {name!r}")
+
+    __delattr__ = __setattr__
+
+    def __reduce__(self):
+        # copy and pickle would otherwise restore the slot through the refused __setattr__
+        return Unsupported, (self.type,)
+
+    def __eq__(self, other):
+        return isinstance(other, Unsupported) and other.type == self.type
+
+    def __hash__(self):
+        return hash((Unsupported, self.type))
+
+    def __repr__(self):
+        return f"Unsupported({self.type!r})"
 
 
 def resolve_overload(type):
@@ -56,7 +96,7 @@ def _kind(arg):
         return "literal"
     if t == "Generator":
         return "generator"
-    return "unsupported:" + t
+    return Unsupported(t)
 
 
 def arg_kinds(overload):

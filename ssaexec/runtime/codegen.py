@@ -268,7 +268,7 @@ def _aten_expr(em, handle, xs, attrs):
         elif enc in ("layout", "memory_format"):
             table = _aten.LAYOUTS if enc == "layout" else _aten.MEMORY_FORMATS
             src = "None" if v is None else em.const(table[v], "mf")
-        elif enc == "generator" or enc.startswith("unsupported:"):
+        elif enc == "generator" or isinstance(enc, _aten.Unsupported):
             src = "None"
         elif enc == "literal":
             src = _literal(v, em) if not isinstance(v, list) else em.const(v)

@@ -55,6 +55,7 @@ import torch
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProgramError
 from ...ops.aten import SYM_ATTR, arg_kinds, encode_bytes, parse_size_expr
+from ...ops.schema import Unsupported
 from ...program.desc import EMPTY_VAR, grad_var_name
 from .capture import op_type, strip_wrapped
 from .decompose import ASSERTS as _ASSERTS
@@ -367,8 +368,8 @@ class Lowering:
                 raise self._unsupported(node, f"{t} (unknown keyword {k!r})")
             attrs[k] = enc(v, k)
         for name, kind in kinds.items():
-            if kind.startswith("unsupported:") and attrs.get(name) is not None:
-                raise self._unsupported(node, f"{t} (argument {name!r} of type {kind[12:]})")
+            if isinstance(kind, Unsupported) and attrs.get(name) is not None:
+                raise self._unsupported(node, f"{t} (argument {name!r} of type {kind.type})")
         if symbols:
             binds = []
             for s in sorted(symbols):
