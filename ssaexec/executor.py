@@ -7,7 +7,8 @@ on purpose: no threads, no graph; per (program version, fetch list) it
 compiles the ``OpCall`` of every op and, for each op, the non-persistable
 vars whose last reader it is, dropped from the scope right after so peak
 memory follows the live set as in eager PyTorch. Tests check that both paths
-give bit-identical results. Fetched values are returned as CPU tensors
+give bit-identical results. Both hand control ops the block runner of
+``parallel_do`` (``runtime.parallel_block.run_places``; ``runtime.op_call``). Fetched values are returned as CPU tensors
 detached from the scope (later runs may update parameters in place).
 """
 
@@ -20,6 +21,7 @@ from .graph.build import build_ssa_graph
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.op_call import OpCall
+from .runtime.parallel_block import run_places
 from .place import CPUPlace
 from .runtime.scheduler import Scheduler
 from .runtime import interrupt
@@ -43,7 +45,8 @@ class _Plan:
 
     def __init__(self, program, fetch, device):
         block = program.global_block()
-        self.calls = [OpCall(op, i, program, device) for i, op in enumerate(block.ops)]
+        self.calls = [OpCall(op, i, program, device, run_places)
+                      for i, op in enumerate(block.ops)]
         last = {}
         for i, op in enumerate(block.ops):
             for n in op.input_names():
@@ -76,7 +79,8 @@ class _Compiled:
         graph.lint()
         self.scheduler = Scheduler(1, name="ssaexec-executor")
         self.runner = CompiledRunner(graph, [Scope()], LocalCollective(), self.scheduler,
-                                     _contexts(place), "event", keep_fetched=True)
+                                     _contexts(place), "event", keep_fetched=True,
+                                     run_places=run_places)
         read = {n for op in block.ops for n in op.input_names()}
         self.data_read = [v.name for v in program.data_vars() if v.name in read]
 

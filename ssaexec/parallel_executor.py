@@ -60,6 +60,7 @@ from .dtypes import torch_dtype
 from .place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler
 from .runtime.interrupt import hold
+from .runtime.parallel_block import run_places
 from .runtime.scope import Scope, global_scope
 from .strategy import BuildStrategy, ExecutionStrategy
 
@@ -357,7 +358,7 @@ class ParallelExecutor:
             graph.lint()
             kind = CompiledRunner if compiled else GraphRunner
             runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
-                          self._contexts(), self.exec_strategy.sync)
+                          self._contexts(), self.exec_strategy.sync, run_places=run_places)
             self._runners[key] = runner
         return runner
 

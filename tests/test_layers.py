@@ -55,9 +55,6 @@ DEFERRED = {
         "Program.to_dict()/__eq__ use the JSON form, which builds the IR",
     ("ssaexec.program.desc", "ssaexec.program.text"):
         "print(program) shows the text form, whose parser builds the IR",
-    ("ssaexec.runtime.op_call", "ssaexec.runtime.parallel_block"):
-        "a control op's ctx.run_places (parallel_do) runs a sub-block's graph with the "
-        "compiled runner, whose prepared calls build on OpCall",
     ("ssaexec.graph.ssa", "ssaexec.graph.draw"):
         "graph.to_dot() is the documented shortcut to the one DOT writer, which reads "
         "the handle classes",

@@ -47,7 +47,7 @@ from ..ops.registry import get_op_def
 from ..dtypes import torch_dtype
 from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
 from ..program.desc import EMPTY_VAR
-from .op_call import BlockContext, OpCall
+from .op_call import OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
 __all__ = ["Lowered", "lower_segment", "CloneCounter", "emit_handle", "plan_fusion"]
@@ -294,8 +294,8 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
     plan : object
         ``export`` (ids of versions to store), ``copy`` (ids of versions to copy
         when made), ``needed`` (ids of versions some handle or the step reads),
-        ``step`` (a one-item list holding the step number, for random ops) and
-        ``place_idx``.
+        ``step`` (a one-item list holding the step number, for random ops),
+        ``place_idx`` and ``run_places`` (the block runner of control ops).
     counter : CloneCounter
     program : Program
     label : str
@@ -526,10 +526,8 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
         n = _load(em, v, h)
         em.emit(f"D[{v.name!r}] = {n}", h)
     op = h.op
-    call = OpCall(op, h.op_index, em.program, em.device)
-    scope_of, place = em.scope_of, em.place
-    ctx = BlockContext(op, lambda idx, env: call._run_block(idx, env, scope_of(), place),
-                       scope_of, place, em.program)
+    ctx = OpCall(op, h.op_index, em.program, em.device, plan.run_places).context(em.scope_of,
+                                                                                em.place)
     ins_src = _slots_src(od, op, lambda n: em.local[id(by_name[n])])
     em.emit(f"_o = {em.const(od.kernel, 'k')}({ins_src}, {em.const(attrs, 'a')}, "
             f"{em.const(ctx, 'ctx')})", h)

@@ -276,13 +276,15 @@ def _program_order(graph, late=()):
 
 
 class _SegmentPlan:
-    """What the code generator of one segment must store, copy and bind."""
+    """What the code generator of one segment must store, copy and bind, and the block
+    runner its control ops get."""
 
-    __slots__ = ("export", "copy", "needed", "step", "place_idx")
+    __slots__ = ("export", "copy", "needed", "step", "place_idx", "run_places")
 
-    def __init__(self, export, copy, needed, step, place_idx):
+    def __init__(self, export, copy, needed, step, place_idx, run_places):
         self.export, self.copy, self.needed = export, copy, needed
         self.step, self.place_idx = step, place_idx
+        self.run_places = run_places
 
 
 class CompiledRunner(GraphRunner):
@@ -290,13 +292,15 @@ class CompiledRunner(GraphRunner):
 
     Same interface as ``GraphRunner``: ``run(sync)`` returns ``{fetch name:
     [value per place]}``. ``clones`` counts the copies made for aliasing in the
-    last run; ``segments`` lists the generated functions.
+    last run; ``segments`` lists the generated functions. ``run_places``: the
+    block runner of control ops, as for ``GraphRunner``.
     """
 
     def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
-                 keep_fetched=False):
+                 keep_fetched=False, run_places=None):
         # GraphRunner.__init__ is not called: only its collective and fetch functions are used
         self.graph = graph
+        self.run_places = run_places
         # the sequential Executor leaves fetched vars in its scope, as it always did
         self._keep = {h.var_name for h in graph.fetches} if keep_fetched else set()
         self.scopes = scopes
@@ -332,7 +336,8 @@ class CompiledRunner(GraphRunner):
                   if v.pending_ops}
         self.scopes = list(scopes)
         for seg in self.segments:
-            plan = _SegmentPlan(export, self.alias.copy, needed, self.step, seg.place_idx)
+            plan = _SegmentPlan(export, self.alias.copy, needed, self.step, seg.place_idx,
+                                run_places)
             seg.lowered = lower_segment(seg.handles, seg.place, self._scope_of(seg.place_idx),
                                         plan, self.counter, graph.program,
                                         f"{seg.place} segment {seg.id}")

@@ -41,10 +41,16 @@ __all__ = ["GraphRunner", "handle_fn"]
 
 
 class GraphRunner:
-    """Run ``graph`` over ``scopes`` (one per place) with ``scheduler``."""
+    """Run ``graph`` over ``scopes`` (one per place) with ``scheduler``.
 
-    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event"):
+    ``run_places`` is the block runner control ops get (``parallel_do``;
+    ``runtime.op_call``): passed in by whoever makes the runner, which sits above it.
+    """
+
+    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
+                 run_places=None):
         self.graph = graph
+        self.run_places = run_places
         self.scopes = scopes
         self.collective = collective
         self.scheduler = scheduler
@@ -139,7 +145,7 @@ class GraphRunner:
         return handle_fn(op, self)
 
     def _compute_fn(self, op):
-        call = OpCall(op.op, op.op_index, self.graph.program, op.place.device)
+        call = OpCall(op.op, op.op_index, self.graph.program, op.place.device, self.run_places)
         scope, place, pi, step = self.scopes[op.place_idx], op.place, op.place_idx, self.step
         return lambda: call.run(scope, place, step[0], pi)
 

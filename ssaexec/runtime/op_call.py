@@ -5,6 +5,13 @@ attribute defaulting: it gathers input tensors by name, calls the kernel and
 binds the outputs. Shared by the sequential ``Executor`` and the SSA graph's
 computation handles, so both run ops identically. Failures become ``OpError``
 naming the op, its index, the place and the input shapes, with the cause chained.
+
+A control op's sub-blocks run through its ``BlockContext``: ``run_block`` here, op
+by op; ``run_places`` (``parallel_do``: a sub-block's SSA graph on several places)
+through the *block runner* its creator passed in (``runtime.parallel_block.run_places``,
+given by the executors). That runner builds graphs and compiled runners, which call
+ops through this module, so it is injected from above, never imported here: this
+module stays the bottom of the runtime. Without one, ``run_places`` raises.
 """
 
 import torch
@@ -23,26 +30,34 @@ class BlockContext:
     """What a control op's kernel gets: its ``op``, ``run_block(idx, env)`` and ``run_places``.
 
     ``scope_of()`` returns the scope the op runs against (looked up per call: a
-    compiled runner rebinds its scopes between steps).
+    compiled runner rebinds its scopes between steps). ``block_runner`` is the
+    injected ``run_places(program, idx, envs, places, keep, outer, outer_place)``
+    (module docstring), or None.
     """
 
-    __slots__ = ("op", "run_block", "scope_of", "place", "program")
+    __slots__ = ("op", "run_block", "scope_of", "place", "program", "block_runner")
 
-    def __init__(self, op, run_block, scope_of=None, place=None, program=None):
+    def __init__(self, op, run_block, scope_of=None, place=None, program=None,
+                 block_runner=None):
         self.op = op
         self.run_block = run_block
         self.scope_of = scope_of
         self.place = place
         self.program = program
+        self.block_runner = block_runner
 
     def run_places(self, idx, envs, places, keep):
-        """Run block ``idx`` once per place, side by side (``runtime.parallel_block``).
+        """Run block ``idx`` once per place, side by side (the injected block runner).
 
         ``envs[k]`` holds place ``k``'s own values; other names are read from the
         op's scope. Returns, per place, ``{name: value}`` for the names in ``keep``.
         """
-        from .parallel_block import run_places
-        return run_places(self.program, idx, envs, places, keep, self.scope_of(), self.place)
+        if self.block_runner is None:
+            raise SSAExecError(f"op '{self.op.type}' runs a sub-block on several places, but "
+                               "its runner was given no block runner: pass run_places="
+                               "ssaexec.runtime.parallel_block.run_places to the runner")
+        return self.block_runner(self.program, idx, envs, places, keep, self.scope_of(),
+                                 self.place)
 
 
 class _EnvScope:
@@ -65,12 +80,16 @@ class _EnvScope:
 
 
 class OpCall:
-    """A compiled op: kernel, input/output names per slot and completed attributes."""
+    """A compiled op: kernel, input/output names per slot and completed attributes.
+
+    ``run_places``: the block runner a control op's ``BlockContext`` gets (module
+    docstring); the ops of its sub-blocks get it too.
+    """
 
     __slots__ = ("op", "op_def", "index", "attrs", "in_slots", "out_slots", "wanted", "kernel",
-                 "mode", "creates", "program", "device", "label", "step_seeded")
+                 "mode", "creates", "program", "device", "label", "step_seeded", "run_places")
 
-    def __init__(self, op, index=None, program=None, device=None):
+    def __init__(self, op, index=None, program=None, device=None, run_places=None):
         self.op = op
         self.op_def = od = get_op_def(op.type)
         self.index = index
@@ -103,6 +122,7 @@ class OpCall:
         self.device = device
         self.label = f"op #{index} '{op.type}'" if index is not None else f"op '{op.type}'"
         self.step_seeded = needs_step_seed(od, op)
+        self.run_places = run_places
 
     def run(self, scope, place=None, step=None, place_idx=0):
         """Run against ``scope`` (anything with find_var/set_var).
@@ -139,9 +159,7 @@ class OpCall:
             elif self.mode == "grad":
                 outs = self.kernel(ins, self.attrs, self.wanted)
             else:
-                outs = self.kernel(ins, self.attrs, BlockContext(
-                    self.op, lambda idx, env: self._run_block(idx, env, scope, place),
-                    lambda: scope, place, self.program))
+                outs = self.kernel(ins, self.attrs, self.context(lambda: scope, place))
         except SSAExecError:
             raise
         except Exception as e:
@@ -170,6 +188,11 @@ class OpCall:
                     check_result(v, n, self.label if place is None else f"{self.label} on {place}")
                 setv(n, v)
 
+    def context(self, scope_of, place=None):
+        """The ``BlockContext`` of this control op running against ``scope_of()``."""
+        return BlockContext(self.op, lambda idx, env: self._run_block(idx, env, scope_of(), place),
+                            scope_of, place, self.program, self.run_places)
+
     def _run_block(self, idx, env, scope, place):
         block = self.program.block(idx)
         view = _EnvScope(env, scope)
@@ -179,7 +202,7 @@ class OpCall:
         if problem:
             raise ProgramError(problem)
         for i, op in enumerate(block.ops):
-            OpCall(op, i, self.program, self.device).run(view, place)
+            OpCall(op, i, self.program, self.device, self.run_places).run(view, place)
         return env
 
     def _missing(self, name, place):

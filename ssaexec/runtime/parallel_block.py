@@ -17,7 +17,10 @@
   inputs) and falls back to ``outer``, the scope of the op, for everything else
   (parameters are shared, never copied on CPU places);
 * a ``Scheduler`` with one thread per place runs the node graph and is closed
-  when the run ends, so no thread outlives the op.
+  when the run ends, so no thread outlives the op;
+* ``run_places`` is the *block runner* of control ops (``runtime.op_call``): the
+  executors pass it to their runners, and an engine passes it to its own runner
+  (a ``parallel_do`` nested in the sub-block). Nothing below imports this module.
 
 The first error of any place stops the run and is raised in the caller with its
 op, place and input shapes, as in ``ParallelExecutor``. An engine is used by one
@@ -103,7 +106,8 @@ class _Engine:
             from .streams import DeviceContext
             contexts = [DeviceContext(p) if p.is_cuda else None for p in places]
         scopes = [Scope() for _ in places]
-        self.runner = CompiledRunner(graph, scopes, LocalCollective(), None, contexts)
+        self.runner = CompiledRunner(graph, scopes, LocalCollective(), None, contexts,
+                                     run_places=run_places)
         self.lock = threading.Lock()
 
     def run(self, envs, outer, keep):
