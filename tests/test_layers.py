@@ -12,10 +12,16 @@ The layers, bottom to top (docs/architecture.md draws them):
     tools      frontends, cli, bench, trace, models, synthetic data, demo, progress, and
                the package's public surface (ssaexec/__init__.py, __main__.py)
 
-A module may import from its own layer or any layer below. Every import counts,
-including those inside functions (they are real dependencies, only later). Within a
-layer the imports must not form a cycle, except the few back-references listed in
-``DEFERRED``, each with its reason.
+A module may import from its own layer or any layer below. Every import counts:
+``import``/``from ... import`` at module level and inside functions (deferred imports
+are real dependencies, only later) and ``importlib.import_module``/``__import__`` of a
+constant name. The imports must not form a cycle, within a layer or across layers
+(a cross-layer cycle is also an upward import). The only exceptions are the edges in
+``ALLOWED_CYCLE_EDGES``, each with the reason it is not broken yet; the test fails as
+soon as one of them is no longer needed.
+
+Not counted: the package ``__init__`` that Python runs before a submodule (every
+module would depend on ``ssaexec/__init__``).
 """
 
 import ast
@@ -47,17 +53,22 @@ PLACEMENT = {
     "ssaexec": "tools",
 }
 
-# Intra-layer back-references allowed to close a cycle: (importer, imported) -> reason.
-DEFERRED = {
+# Import edges allowed to close a cycle: (importer, imported) -> why it is not broken yet.
+# Keep it empty. These three run through program/desc.py, which issue 31's IR work is
+# rewriting in the same change (another engineer's files): break them there (e.g. the
+# codecs and checks are called by their modules' functions, not by ProgramDesc methods, or
+# are passed in), then delete the entries; test_the_allowed_cycle_edges_are_still_needed
+# fails as soon as one is no longer needed.
+ALLOWED_CYCLE_EDGES = {
     ("ssaexec.program.desc", "ssaexec.program.validate"):
-        "Program.validate() is the documented entry to the checks, which read the IR",
+        "Program.validate() is the documented entry to the checks, which read the IR "
+        "(program/* is being edited under issue 31 by another engineer)",
     ("ssaexec.program.desc", "ssaexec.program.serialize"):
-        "Program.to_dict()/__eq__ use the JSON form, which builds the IR",
+        "Program.to_dict()/__eq__ use the JSON form, which builds the IR "
+        "(program/* is being edited under issue 31 by another engineer)",
     ("ssaexec.program.desc", "ssaexec.program.text"):
-        "print(program) shows the text form, whose parser builds the IR",
-    ("ssaexec.graph.ssa", "ssaexec.graph.draw"):
-        "graph.to_dot() is the documented shortcut to the one DOT writer, which reads "
-        "the handle classes",
+        "print(program) shows the text form, whose parser builds the IR "
+        "(program/* is being edited under issue 31 by another engineer)",
 }
 
 
@@ -68,15 +79,35 @@ def module_name(path, root=ROOT):
     return ".".join(parts)
 
 
+def _dynamic_import(node):
+    # importlib.import_module("ssaexec.x") / __import__("ssaexec.x"): a constant name only
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    f = node.func
+    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+    arg = node.args[0]
+    if name in ("import_module", "__import__") and isinstance(arg, ast.Constant) \
+            and isinstance(arg.value, str) and not arg.value.startswith("."):
+        return arg.value
+    return None
+
+
 def import_graph(root=ROOT):
-    """``networkx.DiGraph`` of imports between ssaexec modules (edges carry ``line``)."""
+    """``networkx.DiGraph`` of imports between ssaexec modules (edges carry ``line``).
+
+    Every ``ast`` node of a module is visited, so imports inside functions, methods,
+    ``try`` and ``if`` blocks count as much as those at the top.
+    """
     files = {module_name(p, root): p for p in root.rglob("*.py")}
     g = nx.DiGraph()
     g.add_nodes_from(files)
     for mod, path in files.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom):
+            dynamic = _dynamic_import(node)
+            if dynamic is not None:
+                names = [dynamic]
+            elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[:len(package.split(".")) - node.level + 1]
                     target = ".".join(base + ([node.module] if node.module else []))
@@ -102,17 +133,23 @@ def layer_of(mod):
     return LAYERS.index(PLACEMENT[best])
 
 
-def problems(g):
-    """Upward imports and intra-layer cycles of import graph ``g``, as readable lines."""
+def problems(g, allowed=None):
+    """Upward imports and import cycles of import graph ``g``, as readable lines.
+
+    A cycle is named module by module, each with the line of its import of the next;
+    edges in ``allowed`` (default ``ALLOWED_CYCLE_EDGES``) close no cycle.
+    """
+    allowed = ALLOWED_CYCLE_EDGES if allowed is None else allowed
     out = []
     for a, b, d in g.edges(data=True):
         if layer_of(b) > layer_of(a):
             out.append(f"upward import: {a} (layer {LAYERS[layer_of(a)]}) imports {b} "
                        f"(layer {LAYERS[layer_of(b)]}) at line {d['line']}")
-    same = nx.DiGraph((a, b) for a, b in g.edges
-                      if layer_of(a) == layer_of(b) and (a, b) not in DEFERRED)
-    for cycle in nx.simple_cycles(same):
-        out.append("import cycle: " + " -> ".join(cycle + cycle[:1]))
+    rest = nx.DiGraph((a, b, d) for a, b, d in g.edges(data=True) if (a, b) not in allowed)
+    for cycle in sorted(nx.simple_cycles(rest)):
+        hops = [f"{a} (line {rest.edges[a, b]['line']})"
+                for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True)]
+        out.append("import cycle: " + " -> ".join(hops + cycle[:1]))
     return out
 
 
@@ -122,13 +159,23 @@ def test_every_module_has_a_layer():
 
 
 def test_imports_go_down_the_layers_and_never_round():
-    assert problems(import_graph()) == []
+    found = problems(import_graph())
+    assert not found, "\n".join(found)
 
 
-def test_the_deferred_back_references_still_exist():
-    # a listed exception that is no longer needed should be removed from DEFERRED
+def test_the_allowed_cycle_edges_are_still_needed():
+    # an allowed edge that is gone, or closes no cycle any more, must leave the list
     g = import_graph()
-    assert [e for e in DEFERRED if not g.has_edge(*e)] == []
+    assert [e for e in ALLOWED_CYCLE_EDGES if not g.has_edge(*e)] == []
+    unneeded = [e for e in ALLOWED_CYCLE_EDGES
+                if problems(g, {k: v for k, v in ALLOWED_CYCLE_EDGES.items() if k != e})
+                == problems(g)]
+    assert unneeded == []
+
+
+def test_the_allowed_cycle_edges_stay_in_the_program_layer():
+    # the allowlist is a debt of one layer, not a door: nothing else may join it
+    assert {layer_of(m) for e in ALLOWED_CYCLE_EDGES for m in e} <= {LAYERS.index("program")}
 
 
 @pytest.mark.parametrize("planted, expect", [
@@ -149,16 +196,27 @@ def test_a_planted_upward_import_is_found(tmp_path, planted, expect):
     assert any(p.startswith(expect) for p in found), found
 
 
-def test_a_planted_cycle_is_found(tmp_path):
+@pytest.mark.parametrize("planted, code, names", [
+    # the registry is a leaf; making it import a kernel module closes a cycle
+    ("ssaexec/ops/registry.py", "from . import math\n    return math",
+     ["ssaexec.ops.registry", "ssaexec.ops.math"]),
+    # issue 31's cycle: the bottom of the runtime importing the parallel_do engine back
+    ("ssaexec/runtime/op_call.py", "from .parallel_block import run_places\n    return run_places",
+     ["ssaexec.runtime.op_call", "ssaexec.runtime.parallel_block"]),
+    # the same through importlib, with an absolute name
+    ("ssaexec/runtime/op_call.py",
+     "import importlib\n    return importlib.import_module('ssaexec.runtime.compiled')",
+     ["ssaexec.runtime.op_call", "ssaexec.runtime.compiled"]),
+])
+def test_a_planted_deferred_cycle_is_found(tmp_path, planted, code, names):
     import shutil
     copy = tmp_path / "ssaexec"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    # the registry is a leaf; making it import a kernel module closes a cycle
-    with open(copy / "ops" / "registry.py", "a", encoding="utf-8") as f:
-        f.write("\n\ndef _planted():\n    from . import math\n    return math\n")
-    found = problems(import_graph(copy))
-    assert any(p.startswith("import cycle:") and "ssaexec.ops.registry" in p
-               for p in found), found
+    target = copy / pathlib.Path(planted).relative_to("ssaexec")
+    with open(target, "a", encoding="utf-8") as f:
+        f.write(f"\n\ndef _planted():\n    {code}\n")
+    found = [p for p in problems(import_graph(copy)) if p.startswith("import cycle:")]
+    assert any(all(f"{n} (line " in p for n in names) for p in found), found
 
 
 def test_the_host_sync_detector_is_a_leaf_of_the_runtime():

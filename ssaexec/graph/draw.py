@@ -39,7 +39,7 @@ import subprocess
 import networkx as nx
 
 from ..errors import SSAExecError
-from .ssa import HANDLE_KINDS
+from .kinds import HANDLE_KINDS
 
 __all__ = ["SECTIONS", "op_section", "select_ops", "find_dot", "render", "dot_source",
            "drawn_graph", "layer_levels", "FORMATS", "DOT_ENV", "SPLIT_COST", "SPLIT_SPAN",

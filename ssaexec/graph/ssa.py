@@ -21,7 +21,7 @@ pictures), ``color`` (DOT fill), ``stream`` (the stream role it launches on:
 ``traffic_factor``/``traffic_formula`` (bytes moved per place) and ``apply`` (which
 call of the collective interface it makes). How a handle runs stays in the runtime,
 dispatched on the class (``functools.singledispatch``). Adding a kind is one class;
-``HANDLE_KINDS`` maps each kind label to its class.
+``HANDLE_KINDS`` (``graph.kinds``) maps each kind label to its class.
 
 The graph is data only: the runtime decides how each kind runs. ``lint()`` checks
 the invariants the builder promises; tests call it on every graph they build.
@@ -31,13 +31,12 @@ Size: the handle classes and the graph they form are one concept (over 500 lines
 
 from ..dtypes import torch_dtype
 from ..errors import GraphError
+from .kinds import HANDLE_KINDS  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
            "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle",
            "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle",
            "SSAGraph", "HANDLE_KINDS"]
-
-HANDLE_KINDS = {}  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 
 class VarHandle:
