@@ -9,7 +9,8 @@ instead, the way functionalization reasons about views:
 * **Alias classes.** Var versions are joined when an op's result may alias
   one of its inputs (``OpDef.may_alias``: any input for ATen views, the
   cotangent inputs for vjp grads) or when an op rewrites a version in place
-  (an ``inplace`` op's output of the same name, a collective's output).
+  (an ``inplace`` op's output of the same name, the output of a handle whose
+  class says ``in_place``: the collectives). No kind names are compared here.
 * **In-place writers.** For every version ``v`` that a handle ``W`` rewrites
   in place, every other member of ``v``'s class that exists before ``W``
   (is not downstream of it) is read by handles that must run before ``W``:
@@ -76,15 +77,21 @@ def _alias_pairs(op):
 
 
 def inplace_pairs(op):
-    """``(input version, output version)`` pairs that ``op`` rewrites in place."""
-    if op.kind in ("all_reduce", "reduce", "broadcast"):
-        ins = {(v.place_idx, v.name): v for v in op.inputs if not v.is_dummy}
-        return [(ins[(v.place_idx, v.name)], v) for v in op.outputs
-                if not v.is_dummy and (v.place_idx, v.name) in ins]
-    if not isinstance(op, ComputationOpHandle) or not get_op_def(op.op.type).inplace:
+    """``(input version, output version)`` pairs that ``op`` rewrites in place.
+
+    A computation asks its op def (``OpDef.inplace``); any other handle says it
+    itself (``in_place``: the collectives), for each place.
+    """
+    if isinstance(op, ComputationOpHandle):
+        if not get_op_def(op.op.type).inplace:
+            return []
+        ins = {v.name: v for v in op.inputs if not v.is_dummy}
+        return [(ins[v.name], v) for v in op.outputs if not v.is_dummy and v.name in ins]
+    if not op.in_place:
         return []
-    ins = {v.name: v for v in op.inputs if not v.is_dummy}
-    return [(ins[v.name], v) for v in op.outputs if not v.is_dummy and v.name in ins]
+    ins = {(v.place_idx, v.name): v for v in op.inputs if not v.is_dummy}
+    return [(ins[(v.place_idx, v.name)], v) for v in op.outputs
+            if not v.is_dummy and (v.place_idx, v.name) in ins]
 
 
 class _Union:

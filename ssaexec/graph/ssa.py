@@ -15,12 +15,13 @@ sequential execution). Op handles come in a closed set of kinds:
 Each kind is a class that carries what every consumer needs to know about it, so
 no consumer branches on kind names: ``kind`` and ``legend`` (labels for dumps and
 pictures), ``color`` (DOT fill), ``stream`` (the stream role it launches on:
-``compute``, ``comm`` or ``fetch``), ``is_collective``, ``on_one_place`` (it has
-``place``/``place_idx``), ``op_type``, ``section()`` (part of the training step),
-``details()`` (kind-specific fields for dumps and traces) and, for collectives,
-``traffic_factor``/``traffic_formula`` (bytes moved per place) and ``apply`` (which
-call of the collective interface it makes). How a handle runs stays in the runtime,
-dispatched on the class (``functools.singledispatch``). Adding a kind is one class;
+``compute``, ``comm`` or ``fetch``), ``is_collective``, ``in_place`` (its outputs
+rewrite its inputs' storage), ``on_one_place`` (it has ``place``/``place_idx``),
+``op_type``, ``section()`` (part of the training step), ``details()`` (kind-specific
+fields for dumps and traces) and, for collectives, ``traffic_factor``/``traffic_formula``
+(bytes moved per place) and ``apply`` (which call of the collective interface it makes).
+How a handle runs stays in the runtime, dispatched on the class
+(``functools.singledispatch``). Adding a kind is one class;
 ``HANDLE_KINDS`` (``graph.kinds``) maps each kind label to its class.
 
 The graph is data only: the runtime decides how each kind runs. ``lint()`` checks
@@ -88,6 +89,9 @@ class OpHandle:
     color = "#eeeeee"       # DOT fill colour
     stream = "compute"      # stream role: "compute", "comm" or "fetch"
     is_collective = False
+    # True: each output rewrites, in place, the input of its name on its place (aliasing
+    # orders readers of that storage first); a computation's op def says it per op
+    in_place = False
     on_one_place = False    # True: the handle has ``place`` and ``place_idx``
 
     def __init_subclass__(cls, **kwargs):
@@ -176,6 +180,7 @@ class CollectiveOpHandle(OpHandle):
     __slots__ = ("var_names", "seq")
     stream = "comm"
     is_collective = True
+    in_place = True         # the backend sums/copies into the tensors it is given
     traffic_formula = None  # bytes each of n places sends, as a formula of the payload
 
     def __init__(self, var_names):
