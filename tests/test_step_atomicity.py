@@ -64,8 +64,7 @@ def _program():
                                         role="backward" if op.role == "loss" else op.role)
             new_ops.append(fp)
             points += 1
-    block.ops[:] = new_ops
-    main._version += 1
+    block.ops = new_ops  # replaces them all and bumps the version (ssaexec.program.desc)
     return main, startup, loss.name, points
 
 
@@ -247,8 +246,7 @@ def _crafted(rng, checks=3):
             "_test_fault_point", {"Place": ["place_id"], "After": [name]}, {"Out": [out]},
             {"point": point}, role=rng.choice(["forward", "backward", "optimize"])))
         made = {n: (i + 1 if i >= pos else i) for n, i in made.items()}
-    block.ops[:] = ops
-    main._version += 1
+    block.ops = ops  # replaces them all and bumps the version (ssaexec.program.desc)
     return main, startup, loss.name
 
 

@@ -203,7 +203,7 @@ def test_sub_block_var_is_not_visible_in_the_parent():
 def test_use_before_definition():
     p = linear_program()
     b = p.global_block()
-    b.ops[0], b.ops[1] = b.ops[1], b.ops[0]
+    b.ops = [b.ops[1], b.ops[0], *b.ops[2:]]
     fails(p, "block 0, op 0 (mean): input slot 'X' reads var 'h' before any op writes it "
              "(use before definition)")
 

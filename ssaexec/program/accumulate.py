@@ -52,7 +52,7 @@ def _make(program, apply):
         add = OpDesc("elementwise_add", {"X": [acc], "Y": [g]}, {"Out": [acc]}, {"axis": -1},
                      role="backward", role_var=[(p, acc)] if apply else None)
         block.insert_op(block.ops.index(op) + 1, add)
-        op.role_var = [pair for pair in op.role_var if pair != (p, g)]
+        block.remove_role_var(op, p, g)
         renamed[g] = acc
     if not apply:
         for op in [op for op in block.ops if op.role == "optimize"]:
@@ -60,9 +60,10 @@ def _make(program, apply):
         return new
     for op in block.ops:
         if op.role == "optimize":
-            op.inputs = {s: [renamed.get(n, n) for n in names] for s, names in op.inputs.items()}
-            op.outputs = {s: [renamed.get(n, n) for n in names]
-                          for s, names in op.outputs.items()}
+            for s, names in list(op.inputs.items()):
+                block.set_input(op, s, [renamed.get(n, n) for n in names])
+            for s, names in list(op.outputs.items()):
+                block.set_output(op, s, [renamed.get(n, n) for n in names])
     for acc in renamed.values():
         block.append_op("fill_zeros_like", {"X": [acc]}, {"Out": [acc]}, role="optimize")
     return new

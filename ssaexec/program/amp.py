@@ -135,8 +135,8 @@ def _add_loss_scaling(block, growth_interval):
         var = block.var(grad)
         raw = grad + "@AMP.unscaled"
         block.create_var(raw, shape=var.shape, dtype=var.dtype)
-        for slot, names in seed.outputs.items():
-            seed.outputs[slot] = [raw if n == grad else n for n in names]
+        for slot, names in list(seed.outputs.items()):
+            block.set_output(seed, slot, [raw if n == grad else n for n in names])
         block.insert_op(ops.index(seed) + 1,
                         OpDesc("elementwise_mul", {"X": [raw], "Y": [SCALE]}, {"Out": [grad]},
                                {"axis": -1}, role="backward"))
@@ -152,7 +152,7 @@ def _add_loss_scaling(block, growth_interval):
                     OpDesc("amp_unscale", {"Grads": grads, "Scale": [SCALE]},
                            {"GradsOut": grads, "FoundInf": [FOUND_INF]}, role="optimize"))
     for op in opt:
-        op.inputs["SkipUpdate"] = [FOUND_INF]
+        block.set_input(op, "SkipUpdate", [FOUND_INF])
     block.append_op("amp_update_scale",
                     {"Scale": [SCALE], "GrowthTracker": [TRACKER], "FoundInf": [FOUND_INF],
                      "SkippedSteps": [SKIPPED]},
@@ -195,7 +195,7 @@ class _Rewrite:
 
     # --- inputs -----------------------------------------------------------------------
     def _cast_inputs(self, i, op, target, slot_ok):
-        for slot, names in op.inputs.items():
+        for slot, names in list(op.inputs.items()):
             if not slot_ok(slot):
                 continue
             new = []
@@ -205,7 +205,7 @@ class _Rewrite:
                     new.append(n)
                     continue
                 new.append(self._cast(i, n, target, op.role))
-            op.inputs[slot] = new
+            self.block.set_input(op, slot, new)
 
     def _cast(self, i, name, target, role):
         key = (name, target)
@@ -257,7 +257,8 @@ class _Rewrite:
         ``unsure``: the kernel's result types are not certain; cast every floating result
         to the type inference gives it."""
         inserted = 0
-        for slot, names in op.outputs.items():
+        for slot, names in list(op.outputs.items()):
+            names = list(names)  # the slot as rewritten, set on the op once it is done
             for j, n in enumerate(names):
                 if n == EMPTY_VAR:
                     continue
@@ -274,7 +275,7 @@ class _Rewrite:
                     keep = made
                 elif keep is None or keep == made:
                     if not var.persistable:
-                        var.dtype = made
+                        self.block.update_var(n, dtype=made)
                     continue
                 # write a temporary in the made type, cast it into the var
                 tmp = self._temp(n, made)
@@ -282,15 +283,17 @@ class _Rewrite:
                 names[j] = tmp
                 self.dtype[tmp] = made
                 self.dtype[n] = keep
-                var.dtype = keep
+                self.block.update_var(n, dtype=keep)
                 cast = OpDesc("cast", {"X": [tmp]}, {"Out": [n]}, {"out_dtype": keep},
                               role=op.role)
                 self.block.insert_op(i + 1 + inserted, cast)
                 inserted += 1
                 if (param, n) in op.role_var:
                     # the cast now makes the final gradient: the all-reduce follows it
-                    op.role_var = [pair for pair in op.role_var if pair != (param, n)]
-                    cast.role_var = [(param, n)]
+                    self.block.remove_role_var(op, param, n)
+                    self.block.add_role_var(cast, param, n)
+            if names != op.outputs[slot]:
+                self.block.set_output(op, slot, names)
         return inserted
 
     @staticmethod

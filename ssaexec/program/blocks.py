@@ -14,7 +14,7 @@ import copy
 from ..errors import ProgramError
 from ..limits import depth_problem
 from .builder import default_main_program
-from .desc import EMPTY_VAR, BlockRef
+from .desc import EMPTY_VAR, renumber_block_refs
 
 __all__ = ["outer_io", "copy_op", "copy_block", "prune_blocks", "SubBlockBuilder"]
 
@@ -28,7 +28,7 @@ class SubBlockBuilder:
 
     def __init__(self, name=None):
         self.name = name
-        self.program = self.block = self.op = self._parent = None
+        self.program = self.block = self.op = self._parent = self._switch = None
 
     def __enter__(self):
         if self.block is not None:
@@ -36,12 +36,13 @@ class SubBlockBuilder:
         self.program = default_main_program()
         self._parent = self.program.current_block()
         self.block = self.program.create_block(parent_idx=self._parent.idx)
-        self.program._current_block = self.block.idx
+        self._switch = self.program.switch_block(self.block.idx)
+        self._switch.__enter__()
         self.name = self.name or self.program.unique_name(self.kind)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.program._current_block = self._parent.idx
+        self._switch.__exit__(None, None, None)  # back to the parent; never swallows exc
         if exc_type is None:
             self._append_op()
         return False
@@ -78,19 +79,10 @@ def outer_io(program, block):
     return list(reads), list(writes)
 
 
-def _renumber(op, mapping):
-    for k, v in op.attrs.items():
-        if isinstance(v, BlockRef):
-            op.attrs[k] = BlockRef(mapping[v.idx])
-        elif isinstance(v, list) and any(isinstance(x, BlockRef) for x in v):
-            op.attrs[k] = [BlockRef(mapping[x.idx]) if isinstance(x, BlockRef) else x
-                           for x in v]
-
-
 def copy_op(op, dst_program, src_program, rename=None):
     """A copy of ``op`` for ``dst_program``: names renamed by ``rename`` (a dict), and
     the sub-blocks it refers to copied into ``dst_program`` (as children of the block
-    the copy will be appended to, which the caller passes as ``dst_program._current_block``)."""
+    the copy will be appended to: ``dst_program``'s current block)."""
     new = copy.deepcopy(op)
     if rename:
         def swap(names):
@@ -99,10 +91,10 @@ def copy_op(op, dst_program, src_program, rename=None):
         new.outputs = {k: swap(v) for k, v in new.outputs.items()}
         new.role_var = [tuple(swap(pair)) for pair in new.role_var]
     mapping = {}
-    parent = dst_program._current_block
+    parent = dst_program.current_block().idx
     for sub in op.sub_blocks():
         mapping[sub] = copy_block(src_program, sub, dst_program, parent)
-    _renumber(new, mapping)
+    renumber_block_refs(new, mapping)  # a fresh copy, in no block yet
     return new
 
 
@@ -113,13 +105,9 @@ def copy_block(src_program, idx, dst_program, parent_idx):
     dst = dst_program.create_block(parent_idx=parent_idx)
     for v in src.vars.values():
         dst.add_var(copy.copy(v))
-    saved, dst_program._current_block = dst_program._current_block, dst.idx
-    try:
+    with dst_program.switch_block(dst.idx):
         for op in src.ops:
-            dst.ops.append(copy_op(op, dst_program, src_program))
-    finally:
-        dst_program._current_block = saved
-    dst_program._version += 1
+            dst.add_op(copy_op(op, dst_program, src_program))
     return dst.idx
 
 
@@ -135,14 +123,4 @@ def prune_blocks(program):
                 if sub not in keep:
                     keep.add(sub)
                     stack.append(sub)
-    mapping = {old: new for new, old in enumerate(sorted(keep))}
-    blocks = [program.blocks[old] for old in sorted(keep)]
-    for b in blocks:
-        b.idx = mapping[b.idx]
-        b.parent_idx = mapping.get(b.parent_idx, -1) if b.parent_idx >= 0 else -1
-        for op in b.ops:
-            _renumber(op, mapping)
-    program.blocks = blocks
-    program._current_block = 0
-    program._version += 1
-    return mapping
+    return program.keep_blocks(sorted(keep))

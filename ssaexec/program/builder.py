@@ -5,6 +5,13 @@ parameter initialisers in the default startup program. Output vars get
 shapes and dtypes from op shape inference, so a built program is fully typed.
 Name counters live on the main program, so building the same model twice
 yields the same names.
+
+Module state (deliberate, as in Paddle Fluid): ``_main`` and ``_startup`` are one
+pair of default programs per process, made at import. Every layer call outside a
+``program_guard`` builds into them, so two models built without a guard end up in
+the same programs; ``program_guard(main, startup)`` (or ``set_default_programs``)
+swaps the pair in and restores the previous one on the way out. The swap is not
+thread-local: build programs from one thread at a time.
 """
 
 import contextlib

@@ -14,11 +14,35 @@ Invariants kept by this module:
 * the description holds no tensors and no device: the graph builder and the
   executors decide where things run.
 
-``_version`` counts mutations made through this API so executors can cache the
-plans they compile from a program.
+Edits go through this API, and only through it (issue 31):
+
+* ``ProgramDesc.version`` counts the edits made through the methods of this module;
+  executors cache the plans they compile from a program under it. Every method that
+  changes what a program computes (vars, ops, op slots and attributes, blocks) bumps
+  it here, and nothing else can: ``_version`` is a read-only property (writing it
+  raises ``AttributeError``), backed by a private slot only this module writes.
+* ``BlockDesc.ops`` is an ``OpList``, a live read-only view of the block's op list:
+  it reads like a list (index, slice, iterate, ``index``) and follows later edits,
+  but has no ``append``/``pop``/item assignment, so a caller cannot reorder or drop
+  ops behind the version's back. Edit with ``append_op``, ``add_op``, ``insert_op``,
+  ``remove_op``, ``replace_op``, or assign ``block.ops = [...]`` (replaces them all).
+* Name counters (``unique_name``, ``next_count``, ``set_name_counts``) and the
+  builder's current block (``switch_block``) are changed through methods too; they
+  do not bump the version, as neither changes what the program computes.
+* ``VarDesc`` and ``OpDesc`` objects stay plain and immutable by convention once in a
+  block: change an op with ``BlockDesc.set_attr``/``set_input``/``set_output``/
+  ``add_role_var``/``remove_role_var`` and a var with ``update_var``, ``add_var`` or
+  ``rename_var``. A fresh copy not yet added is the caller's to shape. ``BlockDesc.vars``
+  is a plain dict, for reading.
+* Programs compare equal by value (their serialisations) and are NOT hashable by
+  value: ``__hash__`` is identity, because a program is mutable and the executors'
+  caches key on the object (``id``, weak references), never on its contents.
 """
 
+import contextlib
 import copy
+import types
+from collections.abc import Sequence
 
 import torch
 
@@ -26,9 +50,9 @@ from ..dtypes import DTYPES, dtype_name, torch_dtype
 from ..errors import ProgramError
 from ..ops.registry import EMPTY_VAR, get_op_def
 
-__all__ = ["DTYPES", "ROLES", "EMPTY_VAR", "BlockRef", "VarDesc", "OpDesc", "BlockDesc",
-           "ProgramDesc", "Program", "grad_var_name", "register_test_rewrite", "torch_dtype",
-           "dtype_name"]
+__all__ = ["DTYPES", "ROLES", "EMPTY_VAR", "BlockRef", "VarDesc", "OpDesc", "OpList",
+           "BlockDesc", "ProgramDesc", "Program", "grad_var_name", "register_test_rewrite",
+           "torch_dtype", "dtype_name"]
 
 # 'loss' marks the op that seeds loss@GRAD; the graph builder swaps it for a
 # ScaleLossGrad handle. 'optimize' ops update parameters.
@@ -195,6 +219,23 @@ class OpDesc:
         return f"OpDesc({self.type!r}, inputs={self.inputs}, outputs={self.outputs})"
 
 
+def renumber_block_refs(op, mapping):
+    """Point ``op``'s ``BlockRef`` attributes at the blocks' new indices (``mapping``)."""
+    for k, v in op.attrs.items():
+        if isinstance(v, BlockRef):
+            op.attrs[k] = BlockRef(mapping[v.idx])
+        elif isinstance(v, list) and any(isinstance(x, BlockRef) for x in v):
+            op.attrs[k] = [BlockRef(mapping[x.idx]) if isinstance(x, BlockRef) else x
+                           for x in v]
+
+
+def _set_slot(slots, op_type, slot, names):
+    if names is None:
+        slots.pop(slot, None)
+    else:
+        slots[slot] = _names(names, op_type, slot)
+
+
 def _names(value, op_type, slot):
     if isinstance(value, str):
         value = [value]
@@ -210,17 +251,81 @@ def _names(value, op_type, slot):
     return out
 
 
-class BlockDesc:
-    """A block: ordered vars and ops, and the index of its parent block (-1 for none)."""
+class OpList(Sequence):
+    """A live, read-only view of a block's ops (see the module docstring).
 
-    __slots__ = ("program", "idx", "parent_idx", "vars", "ops")
+    Reads like a list and follows the block's later edits; a slice is a new list (a
+    copy, as for a list: editing it leaves the block as it is).
+    """
+
+    __slots__ = ("_ops",)
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getitem__(self, index):
+        return self._ops[index]  # a slice of a list is a copy already
+
+    def __len__(self):
+        return len(self._ops)
+
+    def __iter__(self):
+        return iter(self._ops)
+
+    def __reversed__(self):
+        return reversed(self._ops)
+
+    def __contains__(self, op):
+        return op in self._ops
+
+    def index(self, op, *args):
+        return self._ops.index(op, *args)
+
+    def __eq__(self, other):
+        if isinstance(other, (OpList, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"OpList({self._ops!r})"
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("BlockDesc.ops is read-only: edit a block with append_op, add_op, "
+                        "insert_op, remove_op or replace_op (or assign block.ops = [...]), "
+                        "which keep the program's version")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = _refuse
+
+
+class BlockDesc:
+    """A block: ordered vars and ops, and the index of its parent block (-1 for none).
+
+    ``ops`` is a read-only ``OpList``; assigning ``block.ops = [...]`` replaces every
+    op (and bumps the version).
+    """
+
+    __slots__ = ("program", "idx", "parent_idx", "vars", "_ops", "_ops_view")
 
     def __init__(self, program, idx, parent_idx=-1):
         self.program = program
         self.idx = idx
         self.parent_idx = parent_idx
         self.vars = {}
-        self.ops = []
+        self._ops = []
+        self._ops_view = OpList(self._ops)
+
+    @property
+    def ops(self):
+        """The block's ops in program order (a live read-only ``OpList``)."""
+        return self._ops_view
+
+    @ops.setter
+    def ops(self, ops):
+        self._ops[:] = list(ops)
+        self.program._touch()
 
     @property
     def parent(self):
@@ -233,13 +338,13 @@ class BlockDesc:
             raise ProgramError(f"block {self.idx}: var {name!r} is already declared")
         var = VarDesc(name, shape, dtype, **kwargs)
         self.vars[name] = var
-        self.program._version += 1
+        self.program._touch()
         return var
 
     def add_var(self, var):
         """Add an existing ``VarDesc`` (replacing one of the same name)."""
         self.vars[var.name] = var
-        self.program._version += 1
+        self.program._touch()
         return var
 
     def remove_var(self, name):
@@ -262,7 +367,7 @@ class BlockDesc:
         """
         if name not in self.vars:
             raise ProgramError(f"block {self.idx}: var {name!r} is not declared here")
-        self.program._version += 1
+        self.program._touch()
         return self.vars.pop(name)
 
     def rename_var(self, old, new):
@@ -299,7 +404,7 @@ class BlockDesc:
             op.inputs = {k: swap(v) for k, v in op.inputs.items()}
             op.outputs = {k: swap(v) for k, v in op.outputs.items()}
             op.role_var = [tuple(swap(pair)) for pair in op.role_var]
-        self.program._version += 1
+        self.program._touch()
 
     def add_role_var(self, op, param, grad):
         """Record that ``op`` writes ``grad``, the final gradient of parameter ``param``.
@@ -319,7 +424,41 @@ class BlockDesc:
         if not any(o is op for o in self.ops):
             raise ProgramError(f"block {self.idx}: {op!r} is not an op of this block")
         op.role_var = op.role_var + [(param, grad)]
-        self.program._version += 1
+        self.program._touch()
+
+    def remove_role_var(self, op, param, grad):
+        """Drop the pair ``(param, grad)`` from ``op``'s ``role_var`` (an op of this block)."""
+        op.role_var = [pair for pair in op.role_var if pair != (param, grad)]
+        self.program._touch()
+
+    def update_var(self, name, **fields):
+        """Change fields of the var ``name`` declared in this block; return its ``VarDesc``.
+
+        Parameters
+        ----------
+        name : str
+            A var declared in this block (not an ancestor).
+        **fields
+            ``VarDesc`` fields and their new values (``dtype="float16"``,
+            ``is_data=True``), normalised as the constructor does.
+
+        Raises
+        ------
+        ProgramError
+            When ``name`` is not declared here, or a field is not a ``VarDesc`` field.
+        """
+        var = self.vars.get(name)
+        if var is None:
+            raise ProgramError(f"block {self.idx}: var {name!r} is not declared here")
+        unknown = sorted(set(fields) - set(VarDesc.__slots__))
+        if unknown:
+            raise ProgramError(f"block {self.idx}: var {name!r} has no field {unknown[0]!r}")
+        new = VarDesc(name, **{s: fields.get(s, getattr(var, s)) for s in VarDesc.__slots__
+                               if s != "name"})
+        for s in VarDesc.__slots__:
+            setattr(var, s, getattr(new, s))  # in place: holders of the VarDesc see it
+        self.program._touch()
+        return var
 
     def has_var(self, name):
         """True when ``name`` is declared in this block or an ancestor."""
@@ -345,25 +484,67 @@ class BlockDesc:
     def append_op(self, type, inputs=None, outputs=None, attrs=None, role="forward",
                   role_var=None):
         """Append an ``OpDesc`` and return it."""
-        op = OpDesc(type, inputs, outputs, attrs, role, role_var)
-        self.ops.append(op)
-        self.program._version += 1
+        return self.add_op(OpDesc(type, inputs, outputs, attrs, role, role_var))
+
+    def add_op(self, op):
+        """Append an existing ``OpDesc`` and return it."""
+        self._ops.append(op)
+        self.program._touch()
         return op
 
     def insert_op(self, index, op):
         """Insert an existing ``OpDesc`` at ``index``."""
-        self.ops.insert(index, op)
-        self.program._version += 1
+        self._ops.insert(index, op)
+        self.program._touch()
         return op
+
+    def _position(self, op):
+        for i, o in enumerate(self._ops):
+            if o is op:
+                return i
+        raise ProgramError(f"block {self.idx}: {op!r} is not an op of this block")
 
     def remove_op(self, op):
         """Remove ``op`` (an ``OpDesc`` of this block, found by identity) and return it."""
-        for i, o in enumerate(self.ops):
-            if o is op:
-                del self.ops[i]
-                self.program._version += 1
-                return op
-        raise ProgramError(f"block {self.idx}: {op!r} is not an op of this block")
+        del self._ops[self._position(op)]
+        self.program._touch()
+        return op
+
+    def replace_op(self, op, new_ops):
+        """Put the ops of ``new_ops`` (a sequence of ``OpDesc``) where ``op`` was.
+
+        Parameters
+        ----------
+        op : OpDesc
+            An op of this block, found by identity.
+        new_ops : sequence of OpDesc
+            Its replacements, in order (empty: ``op`` is dropped).
+
+        Raises
+        ------
+        ProgramError
+            When ``op`` is not an op of this block.
+        """
+        at = self._position(op)
+        self._ops[at:at + 1] = list(new_ops)
+        self.program._touch()
+
+    def set_attr(self, op, name, value):
+        """Set attribute ``name`` of ``op`` (an op of this block) to ``value``."""
+        op.attrs[name] = normalize_attr(value)
+        self.program._touch()
+
+    def set_input(self, op, slot, names):
+        """Make input slot ``slot`` of ``op`` (an op of this block) read ``names``
+        (None: drop the slot)."""
+        _set_slot(op.inputs, op.type, slot, names)
+        self.program._touch()
+
+    def set_output(self, op, slot, names):
+        """Make output slot ``slot`` of ``op`` (an op of this block) write ``names``
+        (None: drop the slot)."""
+        _set_slot(op.outputs, op.type, slot, names)
+        self.program._touch()
 
     def __repr__(self):
         return f"BlockDesc(idx={self.idx}, parent={self.parent_idx}, vars={len(self.vars)}, " \
@@ -383,17 +564,37 @@ class ProgramDesc:
     from one (Paddle's too), runs guarded.
     """
 
-    __slots__ = ("blocks", "random_seed", "trusted", "_version", "_name_counts",
+    __slots__ = ("blocks", "random_seed", "trusted", "_edits", "_name_counts",
                  "_current_block", "__weakref__")
 
     def __init__(self, random_seed=0):
         self.blocks = []
         self.random_seed = int(random_seed)
         self.trusted = False
-        self._version = 0
+        self._edits = 0
         self._name_counts = {}
         self._current_block = 0
         self.blocks.append(BlockDesc(self, 0, -1))
+
+    # --- version ------------------------------------------------------------------------
+    @property
+    def version(self):
+        """How many edits this program has had; caches of compiled plans key on it."""
+        return self._edits
+
+    @property
+    def _version(self):
+        # the name the executors' caches have always read; read-only like ``version``
+        return self._edits
+
+    @_version.setter
+    def _version(self, value):
+        raise AttributeError("ProgramDesc._version is read-only: edit the program through "
+                             "its ProgramDesc/BlockDesc methods, which bump the version "
+                             "(ssaexec.program.desc)")
+
+    def _touch(self):
+        self._edits += 1
 
     # --- blocks -------------------------------------------------------------------------
     def global_block(self):
@@ -410,12 +611,48 @@ class ProgramDesc:
         """The block the builder appends to."""
         return self.blocks[self._current_block]
 
+    @contextlib.contextmanager
+    def switch_block(self, idx):
+        """``with program.switch_block(idx):`` makes block ``idx`` the current block and
+        restores the previous one on the way out (exception or not)."""
+        self.block(idx)  # raises for a block that does not exist
+        saved, self._current_block = self._current_block, idx
+        try:
+            yield self.blocks[idx]
+        finally:
+            self._current_block = saved
+
+    def keep_blocks(self, kept):
+        """Keep only the blocks ``kept`` (old indices, block 0 among them), renumbered.
+
+        Block ``kept[k]`` becomes block ``k``; parents and ``BlockRef`` attributes are
+        renumbered (a parent that is dropped becomes -1) and block 0 becomes current.
+
+        Returns
+        -------
+        dict
+            The mapping old index -> new index.
+        """
+        mapping = {old: new for new, old in enumerate(kept)}
+        if mapping.get(0) != 0:
+            raise ProgramError(f"keep_blocks: block 0 must be kept first, got {list(kept)}")
+        blocks = [self.blocks[old] for old in kept]
+        for b in blocks:
+            b.idx = mapping[b.idx]
+            b.parent_idx = mapping.get(b.parent_idx, -1) if b.parent_idx >= 0 else -1
+            for op in b._ops:
+                renumber_block_refs(op, mapping)
+        self.blocks = blocks
+        self._current_block = 0
+        self._touch()
+        return mapping
+
     def create_block(self, parent_idx=None):
         """Append a new block whose parent is ``parent_idx`` (default: current block)."""
         parent = self._current_block if parent_idx is None else parent_idx
         block = BlockDesc(self, len(self.blocks), parent)
         self.blocks.append(block)
-        self._version += 1
+        self._touch()
         return block
 
     @property
@@ -425,9 +662,22 @@ class ProgramDesc:
     # --- naming -------------------------------------------------------------------------
     def unique_name(self, prefix):
         """A fresh name ``prefix_N``; counters live on the program, so builds repeat."""
+        return f"{prefix}_{self.next_count(prefix)}"
+
+    def next_count(self, prefix):
+        """The counter of ``prefix`` (0 the first time), counted up by one."""
         n = self._name_counts.get(prefix, 0)
         self._name_counts[prefix] = n + 1
-        return f"{prefix}_{n}"
+        return n
+
+    @property
+    def name_counts(self):
+        """The name counters, read-only (prefix -> next N)."""
+        return types.MappingProxyType(self._name_counts)
+
+    def set_name_counts(self, counts):
+        """Replace the name counters (a program read from a file restores its own)."""
+        self._name_counts = {str(k): int(v) for k, v in dict(counts).items()}
 
     # --- queries ------------------------------------------------------------------------
     def all_parameters(self):
@@ -453,13 +703,13 @@ class ProgramDesc:
         for b in self.blocks:
             nb = BlockDesc(new, b.idx, b.parent_idx)
             nb.vars = {k: copy.copy(v) for k, v in b.vars.items()}
-            nb.ops = [copy.deepcopy(op) for op in b.ops]
+            nb._ops[:] = [copy.deepcopy(op) for op in b._ops]
             new.blocks.append(nb)
         new._name_counts = dict(self._name_counts)
         if for_test:
             for b in new.blocks:
-                b.ops = [op for op in b.ops if op.role == "forward"]
-                for op in b.ops:
+                b._ops[:] = [op for op in b._ops if op.role == "forward"]
+                for op in b._ops:
                     op_def = get_op_def(op.type, missing_ok=True)
                     if op_def is not None and "is_test" in op_def.attrs:
                         op.attrs["is_test"] = True
@@ -479,10 +729,14 @@ class ProgramDesc:
         return program_to_dict(self)
 
     def __eq__(self, other):
+        """Equal by value: the same serialisation (``to_dict``)."""
         if not isinstance(other, ProgramDesc):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
+    # Not hashable by value: a program is edited in place, so a value hash would change
+    # under a dict key. The hash is the identity, and equal programs may hash apart;
+    # caches key on the object (id, weak references), never on the value.
     __hash__ = object.__hash__
 
     def __str__(self):

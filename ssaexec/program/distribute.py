@@ -404,7 +404,7 @@ class DistributeTranspiler:
             if u.sections:
                 ops.append(_op("concat", {"X": [p.name(u.param) for p in u.pieces]},
                                {"Out": [u.param]}, {"axis": 0}, "optimize"))
-        g0.ops[at:at + 1] = ops
+        g0.replace_op(g0.ops[at], ops)
         prune_blocks(tp)
         _drop_unused_vars(tp)
         return tp
@@ -415,18 +415,17 @@ class DistributeTranspiler:
         prog = Program(program.random_seed)
         g0 = prog.global_block()
         sub = prog.create_block(parent_idx=0)  # the DistributedBlock
-        prog._current_block = sub.idx
         mine = {}
         for p in pieces:
             for i in p.unit.ops:
                 mine.setdefault(i, []).append(p)
         shared = set(shared)
-        for i, op in enumerate(block.ops):
-            if i in shared:
-                sub.ops.append(copy_op(op, prog, program))
-            for p in mine.get(i, ()):
-                sub.ops.append(copy_op(op, prog, program, p.rename))
-        prog._current_block = 0
+        with prog.switch_block(sub.idx):  # copy_op nests sub-blocks under it
+            for i, op in enumerate(block.ops):
+                if i in shared:
+                    sub.add_op(copy_op(op, prog, program))
+                for p in mine.get(i, ()):
+                    sub.add_op(copy_op(op, prog, program, p.rename))
         for p in pieces:
             u = p.unit
             _declare(sub, p.name(u.grad), g_src.var(u.grad), p.rows, is_data=True)
@@ -506,7 +505,7 @@ def _server_startup(startup, prog, pieces, g_src):
              if v.persistable and n not in {pn for lst in cut.values() for pn, *_ in lst}]
     needed = list(cut) + whole
     for op in _writers(startup, needed):
-        sg.ops.append(copy.deepcopy(op))
+        sg.add_op(copy.deepcopy(op))
         for n in op.output_names():
             if n not in sg.vars and src.find_var(n) is not None:
                 var = copy.copy(src.var(n))

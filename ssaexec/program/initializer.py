@@ -11,8 +11,7 @@ __all__ = ["Initializer", "Constant", "Uniform", "Normal", "Xavier", "MSRA", "Nu
 
 
 def _next_seed(startup):
-    n = startup._name_counts.get("@seed", 0)
-    startup._name_counts["@seed"] = n + 1
+    n = startup.next_count("@seed")
     # a non-zero seed selects a private generator in the random ops
     return (startup.random_seed * 1000003 + 7919 * (n + 1)) % 2147483647 or 1
 

@@ -173,7 +173,7 @@ class LambdaDecay(LRSchedule):
         name = main.unique_name("@LR.table")
         var = create_persistable(name, [len(self.values)], "float64", init.Constant(0.0))
         startup = default_startup_program().global_block()
-        startup.ops.pop()  # the table's values instead of the constant
+        startup.remove_op(startup.ops[-1])  # the table's values instead of the constant
         startup.append_op("assign_value", outputs={"Out": [var.name]},
                           attrs={"shape": [len(self.values)], "dtype": "float64",
                                  "values": self.values})
@@ -208,5 +208,5 @@ class LinearWarmup(LRSchedule):
             ops += self.after.build(after, offset + self.warmup_steps)
         ops += super().build(lr_var, offset)
         if after is not None:
-            ops[-1].inputs["After"] = [after.name]
+            main.current_block().set_input(ops[-1], "After", [after.name])
         return ops

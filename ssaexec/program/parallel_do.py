@@ -231,14 +231,13 @@ def make_grad_block(block, op, grad_op):
             sname = f"{name}@SAVED@{k}"
             block.create_var(sname, var.shape, var.dtype, stop_gradient=True)
             saved_vars.append(sname)
-    op.attrs["saved"] = list(saved)
-    op.outputs["Saved"] = list(saved_vars)
-    grad_op.attrs["saved"] = list(saved)
-    grad_op.attrs["sub_block"] = BlockRef(gblock.idx)
-    grad_op.inputs["Saved"] = list(saved_vars)
+    block.set_attr(op, "saved", list(saved))
+    block.set_output(op, "Saved", list(saved_vars))
+    block.set_attr(grad_op, "saved", list(saved))
+    block.set_attr(grad_op, "sub_block", BlockRef(gblock.idx))
+    block.set_input(grad_op, "Saved", list(saved_vars))
     if out_grads:
-        grad_op.inputs["Outputs@GRAD"] = out_grads
-    program._version += 1
+        block.set_input(grad_op, "Outputs@GRAD", out_grads)
 
 
 def _check_seeds(op, fwd, seeds):
@@ -260,5 +259,5 @@ def _drop_saved(program):
     for block in program.blocks:
         for op in block.ops:
             if op.type == "parallel_do" and op.attrs.get("saved"):
-                op.attrs["saved"] = []
-                op.outputs.pop("Saved", None)
+                block.set_attr(op, "saved", [])
+                block.set_output(op, "Saved", None)

@@ -19,7 +19,7 @@ Policy and invariants:
   ``{"block": i}`` and a non-finite float as ``{"float": "inf" | "-inf" | "nan"}``.
   Because the dict form already carries these encodings, ``ProgramDesc.__eq__``
   (which compares dict forms) treats two ``nan`` attributes as equal.
-* ``name_counts`` persists ``ProgramDesc._name_counts`` so a reloaded program keeps
+* ``name_counts`` persists ``ProgramDesc.name_counts`` so a reloaded program keeps
   generating fresh names.
 * Reading is strict: every key is required, unknown keys are errors, and every
   problem raises ``ProgramError`` naming the source and where: ``LINE:COL`` for
@@ -45,7 +45,7 @@ import re
 from ..errors import ProgramError
 from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
-from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
+from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
 
 __all__ = ["SCHEMA", "VERSION", "program_to_dict", "program_from_dict", "to_json", "from_json",
            "encode_attr", "decode_attr"]
@@ -92,7 +92,7 @@ def program_to_dict(program):
         "schema": SCHEMA,
         "version": VERSION,
         "random_seed": program.random_seed,
-        "name_counts": dict(program._name_counts),
+        "name_counts": dict(program.name_counts),
         "blocks": [_block_to_dict(b) for b in program.blocks],
     }
 
@@ -433,12 +433,10 @@ def _decode_program(d):
     _expect(isinstance(blocks, list) and blocks, ["blocks"], "a non-empty array", blocks)
 
     program = ProgramDesc(d["random_seed"])
-    program.blocks = []
     depths = []  # per block: how deep it nests (block 0: 0)
     for i, bd in enumerate(blocks):
-        program.blocks.append(_decode_block(program, bd, ["blocks", i], i, depths))
-    program._name_counts = dict(counts)
-    program._version = 0
+        _decode_block(program, bd, ["blocks", i], i, depths)
+    program.set_name_counts(counts)
     return program
 
 
@@ -456,14 +454,14 @@ def _decode_block(program, bd, path, i, depths):
     problem = depth_problem(depths[i], f"block {i}")
     if problem:
         raise _Malformed(path + ["parent_idx"], problem)
-    block = BlockDesc(program, i, parent)
+    block = program.global_block() if i == 0 else program.create_block(parent_idx=parent)
     _expect(isinstance(bd["vars"], list), path + ["vars"], "an array", bd["vars"])
     for j, vd in enumerate(bd["vars"]):
         var = _decode_var(vd, path + ["vars", j])
         if var.name in block.vars:
             raise _Malformed(path + ["vars", j, "name"], f"var {var.name!r} is declared twice "
                                                          f"in block {i}")
-        block.vars[var.name] = var
+        block.add_var(var)
     _expect(isinstance(bd["ops"], list), path + ["ops"], "an array", bd["ops"])
     block.ops = [_decode_op(od, path + ["ops", j]) for j, od in enumerate(bd["ops"])]
     return block

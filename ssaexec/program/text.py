@@ -18,7 +18,7 @@ of an op do not end it; ``#`` starts a comment outside strings)::
 
     program  := header [names] block*
     header   := 'ssaexec-program' 'v1' 'random_seed' '=' INT
-    names    := 'names' (name '=' INT)*                      # ProgramDesc._name_counts
+    names    := 'names' (name '=' INT)*                      # ProgramDesc.name_counts
     block    := 'block' INT 'parent' '=' INT '{' (var | op)* '}'
     var      := 'var' name ':' DTYPE ['[' INT, ... ']'] FLAG*  # no brackets: shape unknown
     FLAG     := 'persistable' | 'parameter' | 'data' | 'stop_gradient'
@@ -58,7 +58,7 @@ import re
 from ..errors import ProgramError
 from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
-from .desc import DTYPES, ROLES, BlockDesc, BlockRef, OpDesc, ProgramDesc, VarDesc
+from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
 from .serialize import VERSION
 
 __all__ = ["program_to_text", "program_from_text"]
@@ -93,9 +93,9 @@ def program_to_text(program):
         Text that ``program_from_text`` reads back to an equal program.
     """
     lines = [f"{MAGIC} v{VERSION} random_seed={program.random_seed}"]
-    if program._name_counts:
+    if program.name_counts:
         lines.append("names " + " ".join(f"{_name(k)}={int(v)}"
-                                         for k, v in program._name_counts.items()))
+                                         for k, v in program.name_counts.items()))
     for block in program.blocks:
         lines.append("")
         lines.append(f"block {block.idx} parent={block.parent_idx} {{")
@@ -363,30 +363,31 @@ class _Parser:
         self.expect("WORD", "random_seed")
         self.expect("PUNCT", "=")
         program = ProgramDesc(self.integer("the random seed (an integer)"))
-        program.blocks = []
         self.end_of_line()
         self.skip_blank_lines()
+        counts = {}
         if self.at("WORD", "names"):
             self.advance()
             while not (self.at("NL") or self.at("EOF")):
                 tok = self.peek()
                 key = self.name("a name prefix", allow_empty=True)
-                if key in program._name_counts:
+                if key in counts:
                     self.fail(tok, f"name prefix {key!r} appears twice")
                 self.expect("PUNCT", "=")
-                program._name_counts[key] = self.integer("a name count (an integer)")
+                counts[key] = self.integer("a name count (an integer)")
             self.end_of_line()
+        program.set_name_counts(counts)
         self.skip_blank_lines()
+        read = 0  # blocks read so far (block 0 exists in a new program already)
         while not self.at("EOF"):
-            program.blocks.append(self.block(program))
+            self.block(program, read)
+            read += 1
             self.skip_blank_lines()
-        if not program.blocks:
+        if not read:
             self.expected("'block 0 parent=-1 {'")
-        program._version = 0
         return program
 
-    def block(self, program):
-        idx = len(program.blocks)
+    def block(self, program, idx):
         self.expect("WORD", "block", "'block'" if idx else "'block 0 parent=-1 {'")
         tok = self.peek()
         if self.integer("a block index") != idx:
@@ -405,7 +406,7 @@ class _Parser:
             self.fail(tok, problem)
         self.expect("PUNCT", "{")
         self.end_of_line()
-        block = BlockDesc(program, idx, parent)
+        block = program.global_block() if idx == 0 else program.create_block(parent_idx=parent)
         while True:
             self.skip_blank_lines()
             if self.at("PUNCT", "}"):
@@ -415,7 +416,7 @@ class _Parser:
             if self.at("WORD", "var"):
                 self.var(block)
             else:
-                block.ops.append(self.op())
+                block.add_op(self.op())
             self.end_of_line()
         self.advance()
         self.end_of_line()
@@ -446,7 +447,7 @@ class _Parser:
             flags[_FLAG_WORDS[self.advance().value]] = True
         if not (self.at("NL") or self.at("EOF")):
             self.expected(f"a var flag ({', '.join(_FLAG_WORDS)}) or end of line")
-        block.vars[name] = VarDesc(name, shape, dtype, **flags)
+        block.add_var(VarDesc(name, shape, dtype, **flags))
 
     def slots(self, close):
         def slot():

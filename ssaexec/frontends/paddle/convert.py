@@ -251,7 +251,7 @@ class Converter:
                 squeezed.add(grad.name)
         for op in self.block.ops:
             if op.type == "fill_constant" and any(n in squeezed for n in op.output_names()):
-                op.attrs["shape"] = []
+                self.block.set_attr(op, "shape", [])
 
     def _redeclare_scalar(self, var):
         self.block.add_var(VarDesc(var.name, [], var.dtype, persistable=var.persistable,
@@ -261,9 +261,8 @@ class Converter:
     def _data_vars(self):
         fed = [n for _, n in sorted(self.feeds)]
         for name in fed:
-            var = self.block.find_var(name)
-            if var is not None:
-                var.is_data = True
+            if self.block.find_var(name) is not None:
+                self.block.update_var(name, is_data=True)
         if fed:
             return fed
         marked = [v.name for v in self.program.data_vars()]
@@ -276,7 +275,7 @@ class Converter:
                 var = self.block.find_var(n)
                 if var is not None and n not in written and not var.persistable and \
                         not n.endswith(GRAD_SUFFIX) and n not in out:
-                    var.is_data = True
+                    self.block.update_var(n, is_data=True)
                     out.append(n)
             written.update(op.output_names())
         return out

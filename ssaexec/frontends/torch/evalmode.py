@@ -97,11 +97,9 @@ def _rewrite_block(block):
             _batch_norm(block, i, op, frozen)
         elif op.type == BN_NATIVE and op.attrs.get("training") is True \
                 and op.attrs.get("running_mean") is not None:
-            op.attrs["training"] = False
-            block.program._version += 1
+            block.set_attr(op, "training", False)
         elif op.type == DROPOUT and op.attrs.get("train") is not False:
-            op.attrs["train"] = False
-            block.program._version += 1
+            block.set_attr(op, "train", False)
         elif op.type.startswith("aten.bernoulli."):
             raise ProgramError(
                 f"to_inference: block {block.idx} op {i} ({op.type}) draws a random mask "
@@ -139,8 +137,9 @@ def _batch_norm(block, index, op, frozen):
         if updated in (EMPTY_VAR, buf):
             continue
         for later in block.ops[index + 1:]:
-            later.inputs = {k: [buf if n == updated else n for n in v]
-                            for k, v in later.inputs.items()}
+            for k, v in list(later.inputs.items()):
+                if updated in v:
+                    block.set_input(later, k, [buf if n == updated else n for n in v])
     frozen.update(stats)
     prefix = stats[0].rpartition(".")[0]
     counter = f"{prefix}.{_COUNTER}" if prefix else _COUNTER
