@@ -48,7 +48,8 @@ holding unpaired surrogates are errors at their line and column; so are declared
 shapes above ``max_tensor_elements`` and ops the operator policy refuses
 (``ssaexec.ops.policy``).
 
-Size: one grammar, its printer and its parser belong together (over 500 lines).
+The printer is ``ssaexec.program.text_write`` (below ``ProgramDesc``, which prints with
+it); this module, the parser, builds programs and so imports ``ssaexec.program.desc``.
 """
 
 import json
@@ -59,109 +60,16 @@ from ..errors import ProgramError
 from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
-from .serialize import VERSION
+from .json_write import VERSION
+from .text_write import MAGIC, VAR_FLAGS, WORD, program_to_text
 
 __all__ = ["program_to_text", "program_from_text"]
 
-MAGIC = "ssaexec-program"
-# names that would be misread at the start of a statement (or look like one)
-KEYWORDS = frozenset({"var", "block", "names"})
-_VAR_FLAGS = (("persistable", "persistable"), ("is_parameter", "parameter"),
-              ("is_data", "data"), ("stop_gradient", "stop_gradient"))
-_FLAG_WORDS = {word: attr for attr, word in _VAR_FLAGS}
-
-# A word may contain '-' but not start '->' inside it, so 'a->b' lexes as a, ->, b.
-_WORD = r"(?:[A-Za-z0-9_.@/+]|-(?!>))+"
-_BARE = re.compile(_WORD + r"\Z")
+_FLAG_WORDS = {word: attr for attr, word in VAR_FLAGS}
 _INT = re.compile(r"[-+]?[0-9]+\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 _NONFINITE = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-# --- printing -----------------------------------------------------------------------------
-def program_to_text(program):
-    """Return the text form of ``program`` (ends with a newline).
-
-    Parameters
-    ----------
-    program : ProgramDesc
-
-    Returns
-    -------
-    str
-        Text that ``program_from_text`` reads back to an equal program.
-    """
-    lines = [f"{MAGIC} v{VERSION} random_seed={program.random_seed}"]
-    if program.name_counts:
-        lines.append("names " + " ".join(f"{_name(k)}={int(v)}"
-                                         for k, v in program.name_counts.items()))
-    for block in program.blocks:
-        lines.append("")
-        lines.append(f"block {block.idx} parent={block.parent_idx} {{")
-        lines += ["  " + _var_text(v) for v in block.vars.values()]
-        lines += ["  " + _op_text(op) for op in block.ops]
-        lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _name(name):
-    if _BARE.match(name) and name not in KEYWORDS:
-        return name
-    return json.dumps(name, ensure_ascii=False)
-
-
-def _var_text(var):
-    text = f"var {_name(var.name)} : {var.dtype}"
-    if var.shape is not None:
-        text += "[" + ", ".join(str(d) for d in var.shape) + "]"
-    for attr, word in _VAR_FLAGS:
-        if getattr(var, attr):
-            text += " " + word
-    return text
-
-
-def _slots_text(slots):
-    parts = []
-    for slot, names in slots.items():
-        value = _name(names[0]) if len(names) == 1 else \
-            "[" + ", ".join(_name(n) for n in names) + "]"
-        parts.append(f"{_name(slot)}={value}")
-    return ", ".join(parts)
-
-
-def _op_text(op):
-    outs = op.outputs
-    if list(outs) == ["Out"] and len(outs["Out"]) == 1:
-        text = _name(outs["Out"][0])
-    else:
-        text = "{" + _slots_text(outs) + "}"
-    text += f" = {_name(op.type)}({_slots_text(op.inputs)})"
-    if op.attrs:
-        text += " {" + ", ".join(f"{_name(k)}={_value(v)}" for k, v in op.attrs.items()) + "}"
-    if op.role != "forward":
-        text += " @" + op.role
-    if op.role_var:
-        text += " [" + ", ".join(f"{_name(p)} -> {_name(g)}" for p, g in op.role_var) + "]"
-    return text
-
-
-def _value(v):
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)  # shortest round-tripping form; 'inf', '-inf', 'nan' included
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, BlockRef):
-        return f"block({v.idx})"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    raise ProgramError(f"attribute value {v!r} of type {type(v).__name__} has no text form")
 
 
 # --- tokenizing ---------------------------------------------------------------------------
@@ -170,7 +78,7 @@ _TOKEN = re.compile(r"""
   | (?P<NL>\n)
   | (?P<STRING>"(?:[^"\\\n]|\\.)*")
   | (?P<ARROW>->)
-  | (?P<WORD>""" + _WORD + r""")
+  | (?P<WORD>""" + WORD + r""")
   | (?P<PUNCT>[{}()\[\],=:])
 """, re.VERBOSE)
 

@@ -49,8 +49,8 @@ every write of their ancestors visible (lenient: nothing says when they run).
 from ..errors import ProgramError
 from ..limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
-from ..ops.registry import REQUIRED, check_attr, get_op_def, infer_outputs
-from .desc import EMPTY_VAR, GRAD_SUFFIX
+from ..ops.registry import EMPTY_VAR, REQUIRED, check_attr, get_op_def, infer_outputs
+from .elements import GRAD_SUFFIX
 
 __all__ = ["validate_program"]
 
