@@ -54,22 +54,8 @@ PLACEMENT = {
 }
 
 # Import edges allowed to close a cycle: (importer, imported) -> why it is not broken yet.
-# Keep it empty. These three run through program/desc.py, which issue 31's IR work is
-# rewriting in the same change (another engineer's files): break them there (e.g. the
-# codecs and checks are called by their modules' functions, not by ProgramDesc methods, or
-# are passed in), then delete the entries; test_the_allowed_cycle_edges_are_still_needed
-# fails as soon as one is no longer needed.
-ALLOWED_CYCLE_EDGES = {
-    ("ssaexec.program.desc", "ssaexec.program.validate"):
-        "Program.validate() is the documented entry to the checks, which read the IR "
-        "(program/* is being edited under issue 31 by another engineer)",
-    ("ssaexec.program.desc", "ssaexec.program.serialize"):
-        "Program.to_dict()/__eq__ use the JSON form, which builds the IR "
-        "(program/* is being edited under issue 31 by another engineer)",
-    ("ssaexec.program.desc", "ssaexec.program.text"):
-        "print(program) shows the text form, whose parser builds the IR "
-        "(program/* is being edited under issue 31 by another engineer)",
-}
+# Keep it empty (test_the_allowed_cycle_edges_are_still_needed fails on an unneeded entry).
+ALLOWED_CYCLE_EDGES = {}
 
 
 def module_name(path, root=ROOT):
