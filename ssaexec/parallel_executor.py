@@ -36,13 +36,18 @@ torch's intra-op threads are set to ``cores // places`` (at least 1; override
 with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
 multi-process run the cores are divided among the machine's processes too.
 
-Size: the executor's public surface (set-up, strategies' programs, variables, running,
-observing) is one class (over 500 lines); the policies it applies live in ``feed``,
-``program.amp``/``accumulate``, ``runtime.*`` and ``checkpoint``.
+Observing. ``observe()`` runs the observed steps on the readable per-op path by
+choosing that runner itself (``_observing``); it never writes the caller's
+``ExecutionStrategy``, which other executors and threads may share.
+
+Size: the executor's public surface (set-up, variables, running, observing) is one
+class; its parts live beside it: ``step_programs`` (the per-phase programs),
+``observe`` (the per-op instrumentation), ``threading_probe`` (pool or caller's thread),
+``process_group_setup`` (joining a multi-process run), and the policies it applies in
+``feed``, ``program.amp``/``accumulate``, ``runtime.*`` and ``checkpoint``.
 """
 
 import contextlib
-import threading
 import time
 import weakref
 
@@ -53,6 +58,8 @@ from .errors import DistributedError, SSAExecError
 from .executor import Executor, fetch_names
 from .feed import bind_feeds, forget_feeds, place_feeds
 from .graph.build import build_ssa_graph, grad_owners
+from .observe import instrumented
+from .process_group_setup import agree_and_broadcast, process_group_collective
 from .program.desc import Program
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
@@ -62,7 +69,9 @@ from .runtime.scheduler import Scheduler
 from .runtime.interrupt import hold
 from .runtime.parallel_block import run_places
 from .runtime.scope import Scope, global_scope
+from .step_programs import StepPrograms
 from .strategy import BuildStrategy, ExecutionStrategy
+from .threading_probe import ThreadingProbes
 
 __all__ = ["ParallelExecutor"]
 
@@ -121,6 +130,7 @@ class ParallelExecutor:
         self.exec_strategy = exec_strategy or ExecutionStrategy()
         self.scope = scope if scope is not None else global_scope()
         self._failed = None
+        self._collective = None  # the local or cross-process collective, chosen below
         dist_collective = self._distributed_setup(distributed)
         if self.exec_strategy.cuda_graph:
             from .runtime.cuda_graph import check_places
@@ -142,7 +152,9 @@ class ParallelExecutor:
         self._graph_capture = None
         self._shadowing = None  # share_vars_from: persistable names a step may shadow
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
-        self._probes = {}
+        self._probes = ThreadingProbes(self.places)
+        self._programs = StepPrograms()
+        self._observing = False  # observe(): steps run the readable path (see observe)
         self._device_contexts = None
         self._prev_torch_threads = None
         self._set_torch_threads()
@@ -174,20 +186,8 @@ class ParallelExecutor:
     def program_for(self, phase="apply"):
         """The program of ``phase``: "apply" (a full step) or "accumulate" (a micro-batch
         that only accumulates gradients; None without gradient accumulation)."""
-        st, k = self.exec_strategy, self.build_strategy.gradient_accumulation_steps
-        key = (self.program._version, st.amp, st.amp_allreduce, k)
-        cached = getattr(self, "_program_cache", None)
-        if cached is None or cached[0] != key:
-            prog = self.program
-            if st.amp is not None:
-                from .program.amp import amp_program
-                prog = amp_program(prog, st.amp, st.amp_allreduce)
-            programs = {"apply": prog, "accumulate": None}
-            if k > 1:
-                from .program.accumulate import accumulation_programs
-                programs["accumulate"], programs["apply"] = accumulation_programs(prog)
-            cached = self._program_cache = (key, programs)
-        return cached[1][phase]
+        return self._programs.program_for(self.program, phase, self.exec_strategy,
+                                          self.build_strategy.gradient_accumulation_steps)
 
     def _init_state(self):
         # state the executor adds to a program starts at its defaults unless the scope has
@@ -233,69 +233,12 @@ class ParallelExecutor:
 
     def _distributed_setup(self, distributed):
         """The cross-process collective, or None for a local executor; fixes the strategy."""
-        bs = self.build_strategy
-        if distributed is False:
-            if bs.num_trainers > 1:
-                raise DistributedError(f"distributed=False contradicts BuildStrategy("
-                                       f"num_trainers={bs.num_trainers})")
-            return None
-        info = _distributed.info()
-        usable = info is not None and info.broken is None
-        if bs.num_trainers == 1:
-            if not usable:
-                if distributed:
-                    raise DistributedError("distributed=True but there is no process group: "
-                                           "launch with torchrun and call "
-                                           "se.distributed.init() first")
-                return None
-            if info.world_size == 1 and not distributed:
-                return None  # a world of one: nothing to talk to unless asked (tests do)
-            if info.world_size > 1:
-                import copy
-                bs = copy.copy(bs)  # the user's strategy object stays as given
-                bs.num_trainers, bs.trainer_id = info.world_size, info.rank
-        elif not usable:
-            why = f" (it was aborted: {info.broken})" if info is not None else ""
-            raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}) needs a "
-                                   f"process group{why}: launch with torchrun and call "
-                                   "se.distributed.init() first (docs/distributed.md)")
-        elif (bs.num_trainers, bs.trainer_id) != (info.world_size, info.rank):
-            raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}, trainer_id="
-                                   f"{bs.trainer_id}) does not match the process group (world "
-                                   f"size {info.world_size}, rank {info.rank}); use "
-                                   "se.distributed.build_strategy()")
-        if bs.reduce_strategy != "all_reduce" or bs.zero_stage:
-            raise DistributedError("reduce_strategy='reduce' and zero_stage run in one process "
-                                   "only; use 'all_reduce' without zero_stage with several "
-                                   "processes")
-        self.build_strategy = bs
-        from .runtime.dist_collective import ProcessGroupCollective
-        return ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
+        self.build_strategy, coll = process_group_collective(self.build_strategy, distributed)
+        return coll
 
     def _sync_processes(self):
-        # Same program, strategy and place count everywhere, then rank 0's persistables:
-        # a mismatch here would crash or hang the backend in the first collective.
-        coll = self._collective
-        key = tuple((s, getattr(self.build_strategy, s)) for s in self.build_strategy.__slots__
-                    if s not in ("trainer_id", "debug_graphviz_path"))
-        # the debug check is a collective of its own: it must be on everywhere or nowhere
-        items = [("local places", len(self.places)), ("build strategy", key),
-                 ("debug mode", coll.debug)]
-        tensors = []
-        for var in self.run_program.global_block().vars.values():
-            if not var.persistable:
-                continue
-            t = self.scope.find_var(var.name)
-            items.append((var.name, None if t is None else list(t.shape),
-                          None if t is None else str(t.dtype).replace("torch.", "")))
-            if t is not None:
-                tensors.append(t)
-        coll.agree("the program's persistables, the build strategy, the number of places "
-                   "and the debug mode",
-                   items, describe=lambda it: " ".join(str(x) for x in it),
-                   hint="Every process must build the same program with the same "
-                        "BuildStrategy and as many places.")
-        coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
+        agree_and_broadcast(self._collective, self.build_strategy, self.places,
+                            self.run_program, self.scope)
 
     def state_owners(self):
         """ZeRO (``BuildStrategy(zero_stage=1|2)``): ``{optimizer state var: owner place
@@ -348,8 +291,12 @@ class ParallelExecutor:
                 self._device_contexts = [None] * len(self.places)
         return self._device_contexts
 
+    def _compiled(self):
+        # observed steps take the readable path; the user's strategy object stays as given
+        return self.exec_strategy.compiled and not self._observing
+
     def _runner(self, fetch, phase="apply"):
-        compiled, amp = self.exec_strategy.compiled, self.exec_strategy.amp
+        compiled, amp = self._compiled(), self.exec_strategy.amp
         key = (fetch, compiled, amp, phase)
         runner = self._runners.get(key)
         if runner is None:
@@ -458,20 +405,14 @@ class ParallelExecutor:
         handles of ``graph(fetch_list, "accumulate")``).
         """
         fetch = fetch_names(fetch_list)
-        strategy = self.exec_strategy
-        compiled, strategy.compiled = strategy.compiled, False
-        phases = ["apply"] + (["accumulate"] if self.program_for("accumulate") else [])
-        runners = [self._runner(fetch, phase) for phase in phases]
-        originals = [list(r.fns) for r in runners]
+        observing, self._observing = self._observing, True
         try:
-            for runner in runners:
-                for op in runner.graph.ops:
-                    runner.fns[op.id] = _observed(op, runner.fns[op.id], on_op, cuda_sync)
-            yield runners[0].graph
+            phases = ["apply"] + (["accumulate"] if self.program_for("accumulate") else [])
+            runners = [self._runner(fetch, phase) for phase in phases]
+            with instrumented(runners, on_op, cuda_sync):
+                yield runners[0].graph
         finally:
-            for runner, fns in zip(runners, originals, strict=True):
-                runner.fns[:] = fns
-            strategy.compiled = compiled
+            self._observing = observing
 
     # --- running ------------------------------------------------------------------------
     def run(self, fetch_list=None, feed=None, return_merged=True,
@@ -526,7 +467,7 @@ class ParallelExecutor:
             elif graphs is not None:
                 fetched = graphs.run(per_place, bind, self.exec_strategy.sync)
             else:
-                probe = self._threading_probe(runner)
+                probe = self._probes.before(runner, self.exec_strategy.num_threads)
                 t0 = time.perf_counter()
                 fetched = runner.run(self.exec_strategy.sync)
                 if probe is not None:
@@ -565,35 +506,13 @@ class ParallelExecutor:
         """Captured CUDA graphs for ``fetch_list``: ``{"captured", "replays", "cached",
         "fallback"}`` (``fallback`` names why steps run without graphs), or None when
         ``ExecutionStrategy(cuda_graph=True)`` is off or no step ran yet."""
-        runner = self._runners.get((fetch_names(fetch_list), self.exec_strategy.compiled,
+        runner = self._runners.get((fetch_names(fetch_list), self._compiled(),
                                     self.exec_strategy.amp, "apply"))
         graphs = self._step_graphs.get(id(runner)) if runner is not None else None
         return graphs.status() if graphs is not None else None
 
-    def _threading_probe(self, runner):
-        # Several CPU places of one process share the GIL: with tiny kernels the pool's
-        # threads mostly hand the GIL back and forth, with big ones they overlap kernels.
-        # Unless num_threads was given, time both ways on the first steps, keep the faster.
-        if self.exec_strategy.num_threads is not None or len(self.places) < 2 or \
-                any(p.is_cuda for p in self.places):
-            return None
-        probe = self._probes.get(id(runner))
-        if probe is None:
-            probe = self._probes[id(runner)] = _ThreadingProbe()
-        if probe.done:
-            return None
-        probe.before(runner)
-        return probe
-
     def _data_read(self):
-        # data vars some op reads: computed once per program version, not per step
-        key = self.program._version
-        cached = getattr(self, "_data_read_cache", None)
-        if cached is None or cached[0] != key:
-            read = {n for op in self.program.global_block().ops for n in op.input_names()}
-            cached = self._data_read_cache = (
-                key, [v for v in self.program.data_vars() if v.name in read])
-        return cached[1]
+        return self._programs.data_read(self.program)
 
     def _run_distributed(self, runner):
         try:
@@ -629,9 +548,8 @@ class ParallelExecutor:
         """Join every worker thread, close the collective's communicators (NCCL's, once no
         op can use them) and restore torch's thread count (idempotent)."""
         self._scheduler.close()
-        coll = getattr(self, "_collective", None)  # absent when set-up failed before it
-        if coll is not None:
-            coll.close()
+        if self._collective is not None:
+            self._collective.close()
         if self._prev_torch_threads is not None:
             torch.set_num_threads(self._prev_torch_threads)
             self._prev_torch_threads = None
@@ -647,48 +565,3 @@ def _shutdown(scheduler):
     # the garbage collector runs this: stop the workers, never wait for them here
     scheduler.close(wait=False)
 
-
-def _observed(op, fn, on_op, cuda_sync):
-    clock = time.perf_counter_ns
-    devices = ()
-    if cuda_sync:
-        devices = ({op.place.device} if op.place.is_cuda else set()) if op.on_one_place \
-            else {p.device for p in op.places if p.is_cuda}
-
-    def observed():
-        t0 = clock()
-        try:
-            fn()
-            for d in devices:
-                torch.cuda.synchronize(d)
-        finally:
-            on_op(op, threading.get_ident(), t0, clock())
-    return observed
-
-
-class _ThreadingProbe:
-    """Times a runner's first steps with the thread pool and in the caller's thread alone.
-
-    Step 1 (building, warming up) is not timed; step 2 runs in the caller's thread
-    alone, step 3 on the pool; from step 4 on the runner keeps the faster way. Both
-    ways give bit-identical results, so the choice only changes speed.
-    """
-
-    __slots__ = ("k", "times", "done")
-    _SCHEDULE = (False, True, False)  # inline? for steps 1..3
-
-    def __init__(self):
-        self.k = 0
-        self.times = {False: [], True: []}
-        self.done = False
-
-    def before(self, runner):
-        runner.inline = self._SCHEDULE[self.k]
-
-    def record(self, runner, seconds):
-        if self.k > 0:
-            self.times[runner.inline].append(seconds)
-        self.k += 1
-        if self.k == len(self._SCHEDULE):
-            runner.inline = min(self.times[True]) < min(self.times[False])
-            self.done = True

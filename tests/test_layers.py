@@ -43,6 +43,8 @@ PLACEMENT = {
     "ssaexec.graph": "graph",
     "ssaexec.runtime": "runtime",
     "ssaexec.executor": "executors", "ssaexec.parallel_executor": "executors",
+    "ssaexec.step_programs": "executors", "ssaexec.observe": "executors",
+    "ssaexec.threading_probe": "executors", "ssaexec.process_group_setup": "executors",
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
     "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",

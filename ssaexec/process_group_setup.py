@@ -1,0 +1,86 @@
+"""Joining a multi-process run: the cross-process collective and the processes' agreement.
+
+A ``ParallelExecutor`` is one process of a multi-process run when a ``torch.distributed``
+group of more than one process exists (``se.distributed.init()`` under torchrun), when
+``BuildStrategy(num_trainers>1)`` asks for one, or with ``distributed=True`` (a world of
+one too); ``distributed=False`` keeps it local. Before the first step every process
+checks that it built the same program, strategy and place count, then takes rank 0's
+persistables: a mismatch found later would crash or hang the backend in a collective.
+
+Invariant: the caller's ``BuildStrategy`` object is never written; when the group fills
+``num_trainers``/``trainer_id`` it is a copy.
+"""
+
+from . import distributed as _distributed
+from .errors import DistributedError
+
+__all__ = ["process_group_collective", "agree_and_broadcast"]
+
+
+def process_group_collective(build_strategy, distributed):
+    """``(build_strategy, collective)``: the cross-process collective, or None for a local
+    executor, and the strategy to use with it (a copy when the group fills it in)."""
+    bs = build_strategy
+    if distributed is False:
+        if bs.num_trainers > 1:
+            raise DistributedError(f"distributed=False contradicts BuildStrategy("
+                                   f"num_trainers={bs.num_trainers})")
+        return build_strategy, None
+    info = _distributed.info()
+    usable = info is not None and info.broken is None
+    if bs.num_trainers == 1:
+        if not usable:
+            if distributed:
+                raise DistributedError("distributed=True but there is no process group: "
+                                       "launch with torchrun and call "
+                                       "se.distributed.init() first")
+            return build_strategy, None
+        if info.world_size == 1 and not distributed:
+            # a world of one: nothing to talk to unless asked (tests do)
+            return build_strategy, None
+        if info.world_size > 1:
+            import copy
+            bs = copy.copy(bs)  # the user's strategy object stays as given
+            bs.num_trainers, bs.trainer_id = info.world_size, info.rank
+    elif not usable:
+        why = f" (it was aborted: {info.broken})" if info is not None else ""
+        raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}) needs a "
+                               f"process group{why}: launch with torchrun and call "
+                               "se.distributed.init() first (docs/distributed.md)")
+    elif (bs.num_trainers, bs.trainer_id) != (info.world_size, info.rank):
+        raise DistributedError(f"BuildStrategy(num_trainers={bs.num_trainers}, trainer_id="
+                               f"{bs.trainer_id}) does not match the process group (world "
+                               f"size {info.world_size}, rank {info.rank}); use "
+                               "se.distributed.build_strategy()")
+    if bs.reduce_strategy != "all_reduce" or bs.zero_stage:
+        raise DistributedError("reduce_strategy='reduce' and zero_stage run in one process "
+                               "only; use 'all_reduce' without zero_stage with several "
+                               "processes")
+    from .runtime.dist_collective import ProcessGroupCollective
+    return bs, ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
+
+
+def agree_and_broadcast(coll, build_strategy, places, program, scope):
+    """Check across processes that all built the same ``program`` (its persistables),
+    ``build_strategy`` and number of ``places``, then broadcast rank 0's persistables
+    (in ``scope``) to every process."""
+    key = tuple((s, getattr(build_strategy, s)) for s in build_strategy.__slots__
+                if s not in ("trainer_id", "debug_graphviz_path"))
+    # the debug check is a collective of its own: it must be on everywhere or nowhere
+    items = [("local places", len(places)), ("build strategy", key),
+             ("debug mode", coll.debug)]
+    tensors = []
+    for var in program.global_block().vars.values():
+        if not var.persistable:
+            continue
+        t = scope.find_var(var.name)
+        items.append((var.name, None if t is None else list(t.shape),
+                      None if t is None else str(t.dtype).replace("torch.", "")))
+        if t is not None:
+            tensors.append(t)
+    coll.agree("the program's persistables, the build strategy, the number of places "
+               "and the debug mode",
+               items, describe=lambda it: " ".join(str(x) for x in it),
+               hint="Every process must build the same program with the same "
+                    "BuildStrategy and as many places.")
+    coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
