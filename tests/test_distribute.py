@@ -393,7 +393,7 @@ def test_a_dead_server_is_reported_by_the_trainers_within_the_timeout(tmp_path):
         waited = time.monotonic() - killed
     finally:
         ranks.kill_all()
-    assert waited < timeout + 10
+    assert waited < 3 * timeout  # generous for a slow machine; without the timeout: a hang
     for r, rec in zip((0, 1), _records(tmp_path, [0, 1]), strict=True):
         assert ranks.procs[r].returncode != 0
         assert "parameter server rank" in rec["error"], rec["error"]

@@ -172,7 +172,7 @@ def test_debug_mode_names_the_first_mismatched_collective(train_records):
         assert "first difference at position 2" in msg
         assert "rank 0: #2 all_reduce(fc_0.b_0@GRAD [10] float64)" in msg
         assert "rank 1: nothing (its list ends after 2 entries)" in msg
-        assert res["seconds"] < 5
+        assert res["seconds"] < W.TIMEOUT / 2  # no wait for the timeout (bound for a slow machine)
         # the check leaves the process group usable
         assert rec["after_checks"] == pytest.approx(0.5)
 
@@ -194,7 +194,7 @@ def test_a_rank_that_hangs_makes_the_others_time_out(train_records):
     assert res["type"] == "DistributedError", res
     assert res["message"].startswith("rank 0 of 2 (gloo): all_reduce(hung) failed ("), res
     assert "A peer process probably died, raised or timed out" in res["message"]
-    assert 1.5 < res["seconds"] < 10
+    assert 1.5 < res["seconds"] < W.TIMEOUT  # the side group's 2 s, not the 20 s one
 
 
 def test_a_rank_that_raises_makes_the_others_fail_fast(train_records):
