@@ -19,7 +19,8 @@ torch.fx's code generator writes a ``GraphModule``:
   decided they must be (``copy``), and such copies are counted;
 * optimizer ops of one kind, learning rate and ``SkipUpdate`` (fp16 loss scaling)
   run as one ``torch._foreach_*`` call (``ops.optim.FUSED``) at the place of the
-  last of them, when no handle in between touches what they update.
+  last of them, when no handle in between touches what they update (the rule:
+  ``runtime.fusion``, shared with the simulator; ``plan_fusion`` is re-exported here).
 
 Errors. The generated code has one line per load and per op; when anything
 raises, ``Lowered.error`` maps the traceback's line in the generated frame back
@@ -47,6 +48,7 @@ from ..ops.registry import get_op_def
 from ..dtypes import torch_dtype
 from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
 from ..program.desc import EMPTY_VAR
+from .fusion import plan_fusion
 from .op_call import OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
@@ -543,61 +545,7 @@ def _emit_control(em, h, od, attrs, by_name, outs_by_name, plan):
     return 1
 
 
-# --- fused optimizer updates ---------------------------------------------------------------
-def _version(h, slot):
-    """The one input version of ``h`` in ``slot``, None when the slot is empty, or False."""
-    names = h.op.input(slot)
-    if not names:
-        return None
-    found = [v for v in h.inputs if not v.is_dummy and v.name in names]
-    return found[0] if len(found) == 1 else False
-
-
-def _fusable(h):
-    # updates fuse when they share kind, attributes, learning rate and SkipUpdate (fp16
-    # loss scaling: the one FoundInf of the step), which the fused pass takes once
-    if not isinstance(h, ComputationOpHandle) or h.op.type not in FUSED:
-        return None
-    od = get_op_def(h.op.type)
-    attrs = od.full_attrs(h.op.attrs)
-    lr, skip = _version(h, "LearningRate"), _version(h, "SkipUpdate")
-    if lr is None or lr is False or skip is False:
-        return None
-    try:
-        key = (h.op.type, tuple(sorted(attrs.items())), id(lr), id(skip))
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def plan_fusion(handles):
-    """(index of the last member -> group, indices to skip): the optimizer updates of
-    one segment that run as one ``torch._foreach_*`` call (the simulator shares it)."""
-    groups = {}
-    for k, h in enumerate(handles):
-        key = _fusable(h)
-        if key is not None:
-            groups.setdefault(key, []).append(k)
-    fused_at, skip = {}, set()
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        touched = set()
-        for k in members:
-            touched.update(v.name for v in handles[k].outputs if not v.is_dummy)
-        lo, hi = members[0], members[-1]
-        mset = set(members)
-        ok = all(not ({v.name for v in handles[k].inputs + handles[k].outputs
-                       if not v.is_dummy} & touched)
-                 for k in range(lo, hi + 1) if k not in mset)
-        if not ok:
-            continue
-        fused_at[hi] = [handles[k] for k in members]
-        skip.update(members[:-1])
-    return fused_at, skip
-
-
+# --- fused optimizer updates (which ones fuse: runtime.fusion) ----------------------------
 def _emit_fused(em, group, plan):
     h0 = group[-1]
     op_type = h0.op.type
