@@ -1,6 +1,6 @@
 """``HANDLE_KINDS``: the closed list of op handle kinds, kind label -> handle class.
 
-Policy: ``graph.ssa.OpHandle.__init_subclass__`` fills it as each kind's class is
+Policy: ``graph.handles.OpHandle.__init_subclass__`` fills it as each kind's class is
 defined, so adding a kind is one class and the order is definition order (a picture's
 legend follows it). Invariant: a leaf of the graph layer. Readers of the list (the DOT
 writer in ``graph.draw``) import it from here, not from ``graph.ssa``, whose
