@@ -83,13 +83,13 @@ def flat_program(program, idx, keep=()):
     flat = Program(program.random_seed)
     flat.trusted = program.trusted
     top = flat.global_block()
+    # through the BlockDesc API (issue 31): a copy per var, the nearest declaration last
     for b in reversed(chain):
         for v in b.vars.values():
-            top.vars[v.name] = copy.copy(v)
+            top.add_var(copy.copy(v))
     for name in keep:
-        var = top.vars.get(name)
-        if var is not None:
-            var.persistable = True
+        if name in top.vars:
+            top.update_var(name, persistable=True)
     top.ops = list(program.block(idx).ops)
     flat.blocks = [top] + list(program.blocks[1:])
     return flat
