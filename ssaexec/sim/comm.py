@@ -22,12 +22,17 @@ at the intra-node latency and inter-node steps at the network's; the bus bandwid
 ring spanning nodes is the smaller of the intra-node links' and the node's network
 bandwidth) and, for ``algorithm="auto"``, takes the fastest, as NCCL's tuner picks one
 per call.
+
+Each collective is a class whose methods hold its formulas (``ring_steps``: the ring's
+message steps and payload share; ``times``: seconds per algorithm it can run), listed
+once in the closed table ``COLLECTIVES`` (name -> model): ``collective_time`` looks the
+name up there and branches on no name. Reduce and broadcast run as rings only.
 """
 
 import math
 
 __all__ = ["ring_all_reduce", "tree_all_reduce", "ring_reduce", "ring_broadcast",
-           "hierarchical_all_reduce", "collective_time", "ALGORITHMS"]
+           "hierarchical_all_reduce", "collective_time", "ALGORITHMS", "COLLECTIVES"]
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 
@@ -77,15 +82,10 @@ def hierarchical_all_reduce(nbytes, nodes, per_node, intra, inter):
     return t
 
 
-def _ring(cluster, coll, nbytes, ranks):
+def _ring(cluster, model, nbytes, ranks):
     nodes, g = cluster.layout(ranks)
     intra, inter = cluster.intra, cluster.inter
-    if coll == "all_reduce":
-        steps, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
-        inter_steps = 2 * (nodes - 1)
-    else:  # reduce, broadcast
-        steps, share = ranks - 1, (ranks - 1) / ranks
-        inter_steps = nodes - 1
+    steps, share, inter_steps = model.ring_steps(ranks, nodes)
     bw = intra.bandwidth if nodes == 1 else min(intra.bandwidth, inter.bandwidth)
     lat = (steps - inter_steps) * intra.latency + inter_steps * inter.latency
     return lat + share * nbytes / bw
@@ -101,6 +101,65 @@ def _tree(cluster, nbytes, ranks):
     return lat + 2 * nbytes / bw
 
 
+class Collective:
+    """One collective's cost model on a ``Cluster`` (launch latency excluded)."""
+
+    __slots__ = ()
+    name = None  # its key in ``COLLECTIVES``, as the simulator names it
+
+    @staticmethod
+    def ring_steps(ranks, nodes):
+        """(message steps, payload share each rank sends, steps crossing nodes) of its ring."""
+        raise NotImplementedError
+
+    def times(self, cluster, nbytes, ranks):
+        """Seconds of each algorithm it can run, by algorithm name (a ring by default)."""
+        return {"ring": _ring(cluster, self, nbytes, ranks)}
+
+
+class AllReduce(Collective):
+    """Ring (reduce-scatter then all-gather: two passes), tree or hierarchical."""
+
+    __slots__ = ()
+    name = "all_reduce"
+
+    @staticmethod
+    def ring_steps(ranks, nodes):
+        return 2 * (ranks - 1), 2 * (ranks - 1) / ranks, 2 * (nodes - 1)
+
+    def times(self, cluster, nbytes, ranks):
+        nodes, g = cluster.layout(ranks)
+        return {
+            "ring": _ring(cluster, self, nbytes, ranks),
+            "tree": _tree(cluster, nbytes, ranks),
+            "hierarchical": hierarchical_all_reduce(
+                nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bandwidth),
+                (cluster.inter.latency, cluster.inter.bandwidth)),
+        }
+
+
+class Reduce(Collective):
+    """Ring reduce-scatter + gather to the root: one pass round the ring."""
+
+    __slots__ = ()
+    name = "reduce"
+
+    @staticmethod
+    def ring_steps(ranks, nodes):
+        return ranks - 1, (ranks - 1) / ranks, nodes - 1
+
+
+class Broadcast(Reduce):
+    """Scatter + ring all-gather from the root: the reduce's steps, run backwards."""
+
+    __slots__ = ()
+    name = "broadcast"
+
+
+# the closed list of collectives the simulator prices: name -> model
+COLLECTIVES = {model.name: model() for model in (AllReduce, Reduce, Broadcast)}
+
+
 def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
     """Seconds one collective of ``nbytes`` (per rank) takes on ``ranks`` ranks.
 
@@ -108,6 +167,7 @@ def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
     ----------
     cluster : ssaexec.sim.cluster.Cluster
     coll : {"all_reduce", "reduce", "broadcast"}
+        A name in ``COLLECTIVES``.
     nbytes : int
         Payload of one rank (what the rank holds before the call).
     ranks : int
@@ -123,17 +183,11 @@ def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
         return 0.0, "none"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    base = cluster.collective_launch
-    if coll != "all_reduce":
-        return base + _ring(cluster, coll, nbytes, ranks), "ring"
-    nodes, g = cluster.layout(ranks)
-    options = {
-        "ring": _ring(cluster, coll, nbytes, ranks),
-        "tree": _tree(cluster, nbytes, ranks),
-        "hierarchical": hierarchical_all_reduce(
-            nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bandwidth),
-            (cluster.inter.latency, cluster.inter.bandwidth)),
-    }
-    if algorithm == "auto":
-        algorithm = min(options, key=lambda a: (options[a], a != "ring"))
-    return base + options[algorithm], algorithm
+    model = COLLECTIVES.get(coll)
+    if model is None:
+        raise ValueError(f"coll must be one of {tuple(COLLECTIVES)}, got {coll!r}")
+    times = model.times(cluster, nbytes, ranks)
+    if algorithm not in times:
+        # "auto" takes the fastest (the ring on a tie); a ring-only collective, its ring
+        algorithm = min(times, key=lambda a: (times[a], a != "ring"))
+    return cluster.collective_launch + times[algorithm], algorithm
