@@ -65,7 +65,7 @@ from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
 from .dtypes import torch_dtype
 from .place import available_cores, cpu_places, cuda_places
-from .runtime.scheduler import Scheduler
+from .runtime.scheduler import Scheduler, default_threads
 from .runtime.interrupt import hold
 from .runtime.parallel_block import run_places
 from .runtime.scope import Scope, global_scope
@@ -136,7 +136,7 @@ class ParallelExecutor:
             from .runtime.cuda_graph import check_places
             check_places(self.places, dist_collective is not None)
         n = len(self.places)
-        threads = self.exec_strategy.num_threads or min(8, n + 1)
+        threads = self.exec_strategy.num_threads or default_threads(n)
         self._scheduler = Scheduler(threads, name="ssaexec")
         if dist_collective is None:
             from .runtime.nccl import choose_local_collective

@@ -107,7 +107,8 @@ def test_random_stream_assignment_never_reads_early():
                                  "event" if it % 2 else "wait")
             runner.streams = StreamSync(graph, contexts, runner.streams.sync,
                                         key=lambda op: assignment[op.id])
-            runner.fns = [runner._on_stream(op.id, runner._compile(op)) for op in graph.ops]
+            runner.fns = [runner._on_stream(n.id, body)
+                          for n, body in zip(runner.nodes, runner.bodies, strict=True)]
             out = runner.run()
             got = torch.cat(out["total"])
             assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), it

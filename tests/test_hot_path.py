@@ -175,7 +175,7 @@ def test_a_view_later_updated_in_place_is_protected(after, n_places):
             assert torch.equal(o, expect), compiled
     # the reader downstream of the update forces one copy of the view per place and step
     assert runner.clones == (n_places if after else 0)
-    assert (len(runner.alias.copy) > 0) == after
+    assert (len(runner.lowering.alias.copy) > 0) == after
 
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
@@ -279,8 +279,8 @@ def test_thread_counts_give_identical_results(threads):
 
 def test_each_places_updates_are_one_fused_segment_on_several_places():
     """The updates of a place wait for all their all-reduces as one run, so they fuse
-    (runtime.compiled.partition); results equal the readable path's bit for bit."""
-    from ssaexec.runtime.compiled import Segment, partition
+    (runtime.node_graph.partition); results equal the readable path's bit for bit."""
+    from ssaexec.runtime.node_graph import Segment, partition
     main, startup = se.Program(), se.Program()
     with se.program_guard(main, startup):
         x = se.layers.data("x", shape=[-1, 6], dtype="float32")
@@ -289,7 +289,7 @@ def test_each_places_updates_are_one_fused_segment_on_several_places():
         loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, size=1), y))
         se.optimizer.Momentum(0.1, 0.9).minimize(loss)
     graph = se.build_ssa_graph(main, se.cpu_places(2))
-    nodes, _ = partition(graph, noop_collectives=False)
+    nodes = partition(graph, noop_collectives=False).nodes
     for pi in range(2):
         updating = [n for n in nodes if isinstance(n, Segment) and n.place_idx == pi and
                     any(h.section() == "optimize" for h in n.handles)]

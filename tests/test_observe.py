@@ -8,8 +8,6 @@ import torch
 
 import ssaexec as se
 from ssaexec.models import build_mlp, make_optimizer
-from ssaexec.runtime.compiled import CompiledRunner
-from ssaexec.runtime.graph_runner import GraphRunner
 
 
 def _model():
@@ -37,17 +35,17 @@ def test_observe_leaves_a_shared_strategy_unchanged_and_runs_the_readable_path()
                 during.append(strategy.compiled)
             # the other executor still runs compiled, and is not observed
             other.run([loss], feed=feed)
-            assert isinstance(other._runner((loss,)), CompiledRunner)
+            assert other._runner((loss,)).lowering.compiled
             # this one's observed steps: the readable runner, one call per op handle
             runner = pe._runner((loss,))
-            assert type(runner) is GraphRunner and runner.graph is graph
+            assert not runner.lowering.compiled and runner.graph is graph
         assert during == [True, True, True]
         assert strategy.compiled is True and pe.exec_strategy.compiled is True
         assert sorted(seen) == sorted(2 * [op.id for op in graph.ops])
         n = len(seen)
         pe.run([loss], feed=feed)  # no longer observed, and compiled again
         assert len(seen) == n
-        assert isinstance(pe._runner((loss,)), CompiledRunner)
+        assert pe._runner((loss,)).lowering.compiled
 
 
 def test_a_reader_thread_never_sees_the_strategy_change_while_observing():
@@ -83,7 +81,7 @@ def test_observe_restores_the_compiled_path_after_an_error_inside():
             pass
         assert pe.exec_strategy.compiled is True
         pe.run([loss], feed=feed)
-        assert isinstance(pe._runner((loss,)), CompiledRunner)
+        assert pe._runner((loss,)).lowering.compiled
 
 
 def test_observed_and_compiled_steps_agree():

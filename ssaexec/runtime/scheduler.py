@@ -36,7 +36,29 @@ import threading
 from ..errors import GraphError, SSAExecError
 from . import interrupt
 
-__all__ = ["DependencyPlan", "Scheduler"]
+__all__ = ["DependencyPlan", "Scheduler", "comm_first", "default_threads", "run_here"]
+
+
+# --- the policy (the simulator replays steps with these same functions: sim.engine) -------
+def comm_first(ids, is_comm):
+    """The order in which ready ops are queued: communication first, so collectives start
+    while computation continues; otherwise as given."""
+    return tuple(sorted(ids, key=lambda j: not is_comm[j]))
+
+
+def run_here(ready, is_comm):
+    """Of the ops that finishing one op made ready (queue order), the one its thread runs
+    itself: the first computation op, else the first; the others go to the pool."""
+    for j in ready:
+        if not is_comm[j]:
+            return j
+    return ready[0]
+
+
+def default_threads(places):
+    """Scheduler threads for ``places`` places when the strategy names none: one per
+    place and the caller's, at most 8."""
+    return min(8, places + 1)
 
 
 class DependencyPlan:
@@ -71,10 +93,9 @@ class DependencyPlan:
                     raise GraphError(f"op {i} depends on unknown op {p}")
                 succ[p].append(i)
         # comm successors first, so they are queued ahead of compute ops
-        self.succ = tuple(tuple(sorted(s, key=lambda j: not self.is_comm[j])) for s in succ)
+        self.succ = tuple(comm_first(s, self.is_comm) for s in succ)
         self.pending = pending
-        self.roots = tuple(sorted((i for i in range(n) if pending[i] == 0),
-                                  key=lambda j: not self.is_comm[j]))
+        self.roots = comm_first((i for i in range(n) if pending[i] == 0), self.is_comm)
         self._check_acyclic()
 
     def _check_acyclic(self):
@@ -216,7 +237,7 @@ class Scheduler:
         plan = run.plan
         self._ensure_workers()
         # comm roots go to the pool, the caller takes the first compute root
-        inline = next((r for r in plan.roots if not plan.is_comm[r]), plan.roots[0])
+        inline = run_here(plan.roots, plan.is_comm)
         for r in plan.roots:
             if r != inline:
                 self._queue.put((run, r))
@@ -319,11 +340,7 @@ class Scheduler:
             if not ready:
                 return
             # run one compute op here; hand the rest (comm ops first) to the pool
-            nxt = ready[0]
-            for j in ready:
-                if not is_comm[j]:
-                    nxt = j
-                    break
+            nxt = run_here(ready, is_comm)
             for j in ready:
                 if j != nxt:
                     put((run, j))

@@ -222,7 +222,7 @@ def storage_parts(t):
 class StreamSync:
     """Applies a ``StreamPlan`` on CUDA (see the module docstring).
 
-    ``graph`` is anything with ``ops`` (an ``SSAGraph``, a ``CompiledRunner``);
+    ``graph`` is anything with ``ops`` (an ``SSAGraph``, a ``NodeGraph``);
     ``key`` and ``handle`` as in ``plan_streams``; ``external``: the
     ``(place index, name)`` values made outside the step (``external_inputs``).
     """

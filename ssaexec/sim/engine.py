@@ -7,14 +7,16 @@ what the α-β models (``ssaexec.sim.comm``) say it costs on all ``P x processes
 
 The model, resource by resource:
 
-* **Scheduler.** The graph is cut into the nodes the executor schedules (the
-  compiled runner's segments, collectives and fetches, ``runtime.compiled.partition``
-  with the alias edges and the commit barrier; one node per op handle on the readable
-  path). The policy is the ``Scheduler``'s: the caller thread takes the first compute
-  root; a thread that finishes a node runs ONE newly ready node itself (compute
-  first) and queues the rest (communication first), which an idle worker picks up
-  ``Host.hop_s`` later; ``num_threads - 1`` workers serve the queue. ``inline`` runs
-  everything in the caller's thread, in the scheduler's stack order.
+* **Scheduler.** The graph is cut into the nodes the executor schedules by the
+  runtime's own ``runtime.node_graph.partition`` (the compiled runner's segments,
+  collectives and fetches with the alias edges and the commit barrier; one node per
+  op handle on the readable path), and replayed with the ``Scheduler``'s own plan
+  and policy code (``DependencyPlan``, ``run_here``, ``default_threads``): the
+  caller thread takes the first compute root; a thread that finishes a node runs
+  ONE newly ready node itself and queues the rest (communication first), which an
+  idle worker picks up ``Host.hop_s`` later; ``num_threads - 1`` workers serve the
+  queue. ``inline`` runs everything in the caller's thread, in the scheduler's
+  stack order. Change the policy there and the replay follows.
 * **Host and GIL.** An op's launch occupies its thread for ``host_s`` (the
   profile's, else ``Host.op_s``), of which ``Host.gil_fraction`` holds the process's
   one GIL: the places of one process launch one at a time, the places of different
@@ -54,133 +56,39 @@ import heapq
 import weakref
 from collections import deque
 
-from ..dtypes import torch_dtype
+from ..graph.aliasing import plan_aliasing
 from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle, FetchOpHandle
-from ..runtime.codegen import plan_fusion
+from ..runtime import scheduler
+from ..runtime.fusion import plan_fusion
+from ..runtime.node_graph import partition
 from .comm import collective_time
+from .costs import foreach_cost, wire_bytes
 from .profile import OpCost
+from .result import Activity, SimResult
 
 __all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph"]
 
-# Fused optimizer updates (ops.optim.FUSED, compiled path): torch._foreach_* calls per
-# update and bytes moved per parameter byte (each call reads and writes whole lists);
-# on CPU places sgd and momentum add the step with alpha=-lr, on GPUs they multiply by
-# the lr tensor first (one more call and list)
-FOREACH = {"sgd": (1, 3), "momentum": (3, 8), "adam": (16, 30)}
-FOREACH_GPU = {"sgd": (2, 5), "momentum": (4, 10), "adam": (16, 30)}
-FOREACH_PER_TENSOR_S = 0.25e-6  # host time per list element of a foreach call (assumed)
-UPDATED = {"sgd": 1, "momentum": 2, "adam": 3}  # tensors an update writes (param, moments)
-
-
-class Activity:
-    """An interval on a resource: ``cat`` is device, host, comm, wait, hop or step."""
-
-    __slots__ = ("start", "end", "cat", "label", "prev")
-
-    def __init__(self, start, end, cat, label, prev):
-        self.start, self.end, self.cat, self.label, self.prev = start, end, cat, label, prev
-
-    def __repr__(self):
-        return f"<{self.cat} {self.label} {self.start * 1e6:.1f}-{self.end * 1e6:.1f}us>"
-
-
-class SimResult:
-    """What one replayed step took (seconds) and what bounded it."""
-
-    __slots__ = ("step_s", "places", "processes", "ranks", "inline", "threads",
-                 "gil_busy_s", "device_busy_s", "comm_busy_s", "critical", "algorithms",
-                 "notes", "activities")
-
-    def __init__(self, **kw):
-        for k in self.__slots__:
-            setattr(self, k, kw.get(k))
-
-    def critical_summary(self):
-        """Seconds of the critical path per category."""
-        out = {}
-        for a in self.critical:
-            out[a.cat] = out.get(a.cat, 0.0) + (a.end - a.start)
-        return out
-
-    def critical_top(self, n=6):
-        """The ``n`` labels holding the most critical-path time: [(label, cat, s, count)]."""
-        agg = {}
-        for a in self.critical:
-            key = (_family(a.label), a.cat)
-            s, c = agg.get(key, (0.0, 0))
-            agg[key] = (s + a.end - a.start, c + 1)
-        top = sorted(agg.items(), key=lambda kv: -kv[1][0])[:n]
-        return [(lab, cat, s, c) for (lab, cat), (s, c) in top]
-
-
-def _family(label):
-    # "conv2d_grad#57@cuda:3" -> "conv2d_grad"; "all_reduce(x@GRAD)" -> "all_reduce"
-    for sep in ("#", "("):
-        label = label.split(sep, 1)[0]
-    return label
-
-
-def wire_bytes(handle, program):
-    """Bytes one place sends into collective ``handle`` (compressed dtypes counted)."""
-    block = program.global_block()
-    wire = getattr(handle, "wire_dtype", None)
-    total = 0
-    for n in handle.var_names:
-        var = block.find_var(n)
-        if var is None or var.numel is None:
-            continue
-        dtype = torch_dtype(var.dtype)
-        if wire is not None and dtype.is_floating_point:
-            dtype = torch_dtype(wire)
-        total += var.numel * dtype.itemsize
-    return total
-
-
-class _Node:
-    __slots__ = ("id", "handles", "is_comm", "producers", "succ")
-
-    def __init__(self, id, handles, is_comm, producers):
-        self.id, self.handles, self.is_comm = id, handles, is_comm
-        self.producers = sorted(set(producers))
-        self.succ = ()
-
-
-_NODES = weakref.WeakKeyDictionary()  # graph -> {(compiled, noop): nodes}
+_NODES = weakref.WeakKeyDictionary()  # graph -> {(compiled, noop): (NodeGraph, plan)}
 
 
 def node_graph(graph, compiled=True, noop_collectives=False):
-    """The nodes the scheduler runs: compiled segments or one per op handle.
+    """The nodes the scheduler runs and their plan: ``(NodeGraph, DependencyPlan)``.
 
-    The compiled form adds the alias order edges to ``graph`` (as the compiled runner
-    does when it is built). Cached per graph: a replay only reads them.
+    The runtime's own partition (``runtime.node_graph``): compiled segments, or one
+    node per op handle, with the commit barrier either way. The compiled form adds
+    the alias order edges to ``graph``, as the compiled runner does when it is built.
+    Cached per graph: a replay only reads them.
     """
     cache = _NODES.setdefault(graph, {})
     key = (compiled, noop_collectives)
     if key not in cache:
-        cache[key] = _node_graph(graph, compiled, noop_collectives)
+        if compiled:
+            plan_aliasing(graph)
+            nodes = partition(graph, True, noop_collectives, atomic=not noop_collectives)
+        else:
+            nodes = partition(graph, segments=False, atomic=True)
+        cache[key] = (nodes, nodes.plan())
     return cache[key]
-
-
-def _node_graph(graph, compiled, noop_collectives):
-    if compiled:
-        from ..graph.aliasing import plan_aliasing
-        from ..runtime.compiled import Segment, partition
-        plan_aliasing(graph)
-        parts, _ = partition(graph, noop_collectives, atomic=not noop_collectives)
-        nodes = [_Node(n.id, n.handles if isinstance(n, Segment) else [n.handle],
-                       not isinstance(n, Segment) and n.is_collective,
-                       [p.id for p in n.producers()]) for n in parts]
-    else:
-        nodes = [_Node(op.id, [op], op.is_collective, [p.id for p in op.producers()])
-                 for op in graph.ops]
-    succ = [[] for _ in nodes]
-    for n in nodes:
-        for p in n.producers:
-            succ[p].append(n.id)
-    for n in nodes:
-        # the scheduler's order: communication first, then by id (DependencyPlan)
-        n.succ = tuple(sorted(succ[n.id], key=lambda j: not nodes[j].is_comm))
-    return nodes
 
 
 def _core_speed(host, busy):
@@ -262,10 +170,11 @@ class _Replay:
         self.channels = [_Slot() for _ in range(max(1, cluster.comm_channels))]
         # processes of one node act as ranks of a cluster with that many per node
         self.proc_cluster = cluster.replace(gpus_per_node=self.procs_per_node)
-        self.nodes = node_graph(graph, compiled, noop_collectives=self.P == 1 and
-                                processes == 1)
-        self.pending = [len(n.producers) for n in self.nodes]
-        self.num_threads = 1 if inline else (threads or min(8, self.P + 1))
+        node_graph_, self.plan = node_graph(graph, compiled, noop_collectives=self.P == 1 and
+                                            processes == 1)
+        self.nodes = node_graph_.nodes
+        self.pending = list(self.plan.pending)
+        self.num_threads = 1 if inline else (threads or scheduler.default_threads(self.P))
         self.inline = bool(inline) or self.num_threads == 1
         self.dev_end = {}   # handle id -> (time, activity) its device work ends
         self.pending_net = {}  # all-reduce start id -> (time, activity) network done
@@ -412,30 +321,8 @@ class _Replay:
 
     def fused(self, thread, group):
         """One ``torch._foreach_*`` update for a group of optimizer ops (memory-bound)."""
-        calls, traffic = (FOREACH_GPU if self.gpu else FOREACH)[group[0].op.type]
-        block = self.graph.program.global_block()
-        nbytes = 0
-        for h in group:
-            var = block.find_var(h.op.input("Param")[0])
-            if var is not None and var.numel is not None:
-                nbytes += var.numel * torch_dtype(var.dtype).itemsize
-        dev = self.cluster.device
-        if self.gpu:
-            bw = dev.mem_bw * 0.7 if dev.mem_bw else 1e12
-        else:
-            bw = self.cluster.local_sum[1] if self.cluster.local_sum else 10e9
-        device_s = calls * dev.kernel_min + traffic * nbytes / bw
-        host_s = 0.0 if self.cuda_graph else \
-            calls * (self.host.op_s + len(group) * FOREACH_PER_TENSOR_S)
-        if group[0].op.input("SkipUpdate"):
-            # fp16 loss scaling (codegen): one foreach snapshot of the updated tensors, then
-            # one ``where`` per updated tensor puts back a skipped step's old values
-            wheres = len(group) * UPDATED[group[0].op.type]
-            device_s += (1 + wheres) * dev.kernel_min + \
-                5 * UPDATED[group[0].op.type] * nbytes / bw
-            if not self.cuda_graph:
-                host_s += self.host.op_s * (1 + wheres) + wheres * FOREACH_PER_TENSOR_S
-        label = f"{group[0].op.type}_foreach#{group[-1].op_index}"
+        host_s, device_s, label = foreach_cost(group, self.graph.program, self.cluster,
+                                               self.host, self.gpu, self.cuda_graph)
         t = self.host_work(thread, host_s, label)
         if self.gpu:
             h = group[-1]
@@ -581,7 +468,7 @@ class _Replay:
     def finished(self, thread, node):
         ready = []
         pending = self.pending
-        for j in node.succ:
+        for j in self.plan.succ[node.id]:
             pending[j] -= 1
             if pending[j] == 0:
                 ready.append(j)
@@ -594,7 +481,7 @@ class _Replay:
             return
         nxt = None
         if ready:
-            nxt = next((j for j in ready if not self.nodes[j].is_comm), ready[0])
+            nxt = scheduler.run_here(ready, self.plan.is_comm)
             for j in ready:
                 if j != nxt:
                     self.put(j, thread.last)
@@ -621,13 +508,12 @@ class _Replay:
             t = self.host_work(caller, self.host.step_s * self.P, "step (feeds, fetches)",
                                gil_fraction=1.0)
         self.now = t
-        roots = sorted((n.id for n in self.nodes if not n.producers),
-                       key=lambda j: not self.nodes[j].is_comm)
+        roots = self.plan.roots
         if self.inline:
             self.stack = list(reversed(roots))
             self.start(caller, self.stack.pop(), t)
         else:
-            first = next((r for r in roots if not self.nodes[r].is_comm), roots[0])
+            first = scheduler.run_here(roots, self.plan.is_comm)
             for r in roots:
                 if r != first:
                     self.put(r, caller.last)

@@ -1,0 +1,190 @@
+"""``HandleCalls``: each SSA handle as a zero-argument function over the places' scopes.
+
+The shared part of both runners (``runtime.runner``): the readable path calls
+one per node; the compiled path calls them for the collectives and fetches that
+are nodes of their own. Which function a handle gets is dispatched on its class
+(``handle_fn``), so a new handle kind registers here and nowhere else.
+
+* A ``ComputationOpHandle`` becomes an ``OpCall`` bound to its place's scope.
+* Collectives call the collective backend on the places' tensors, each with the
+  op's name as ``label`` for its errors. A split all-reduce leaves its completion
+  in ``pending``; its ``AllReduceWaitOpHandle`` runs it.
+* A fetch copies each place's value to the host into ``fetched`` (pinned memory,
+  on the fetch stream its node entered, on a GPU).
+
+Scopes are read when a function runs (collectives, fetches) or bound when it is
+made (computations), from the list the runner owns: a runner that rebinds its
+scopes between steps updates that list in place.
+"""
+
+import functools
+
+import torch
+
+from ..dtypes import torch_dtype
+from ..errors import OpError, SSAExecError
+from ..graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, CollectiveOpHandle,
+                         ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
+from .op_call import OpCall
+
+__all__ = ["HandleCalls", "collective_signature", "handle_fn"]
+
+
+class HandleCalls:
+    """The handle functions of ``graph`` over ``scopes`` (one per place).
+
+    ``step`` is the runner's step counter (a one-item list: random ops seed from
+    it, ``runtime.rng``); ``run_places`` the block runner control ops get.
+    """
+
+    __slots__ = ("graph", "scopes", "collective", "run_places", "step", "fetched", "pending")
+
+    def __init__(self, graph, scopes, collective, step, run_places=None):
+        self.graph, self.scopes, self.collective = graph, scopes, collective
+        self.step, self.run_places = step, run_places
+        self.fetched = {}
+        self.pending = {}  # started asynchronous all-reduces: id -> function completing it
+
+    def fn(self, op):
+        """The function that runs handle ``op``."""
+        return handle_fn(op, self)
+
+    def _compute_fn(self, op):
+        call = OpCall(op.op, op.op_index, self.graph.program, op.place.device, self.run_places)
+        scope, place, pi, step = self.scopes[op.place_idx], op.place, op.place_idx, self.step
+        return lambda: call.run(scope, place, step[0], pi)
+
+    def _scale_loss_grad_fn(self, op):
+        scope, name = self.scopes[op.place_idx], op.var_name
+        shape, dtype, coeff = list(op.shape), torch_dtype(op.dtype), op.coeff
+        device = op.place.device
+        return lambda: scope.set_var(name, torch.full(shape, coeff, dtype=dtype, device=device))
+
+    def _tensors(self, name, place_ids, op):
+        out = []
+        for pi in place_ids:
+            t = self.scopes[pi].find_var(name)
+            if t is None:
+                raise OpError(f"While executing {op.name}: var {name!r} has no value on "
+                              f"{self.graph.places[pi]}", op.kind, self.graph.places[pi])
+            out.append(t)
+        return out
+
+    def _collective_fn(self, op):
+        everyone = list(range(len(self.graph.places)))
+        coll = self.collective
+        is_all_reduce = isinstance(op, AllReduceOpHandle)
+        fused = is_all_reduce and len(op.var_names) > 1
+        split = is_all_reduce and op.wait is not None
+        label = op.name
+
+        def run():
+            try:
+                if fused:
+                    finish = self._fused_all_reduce(op, everyone)
+                elif is_all_reduce:
+                    parts = [op.apply_start(coll, self._tensors(name, everyone, op), label)
+                             for name in op.var_names]
+
+                    def finish():
+                        for f in parts:
+                            f()
+                else:
+                    for name in op.var_names:
+                        op.apply(coll, self._tensors(name, everyone, op), label)
+                    return
+                if split:
+                    self.pending[op.id] = finish  # AllReduceWaitOpHandle completes it
+                else:
+                    finish()
+            except SSAExecError:
+                raise  # DistributedError too: a peer's failure must surface as itself
+            except Exception as e:
+                raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
+                              op.kind) from e
+        return run
+
+    def _wait_fn(self, op):
+        def run():
+            finish = self.pending.pop(op.start.id, None)
+            if finish is None:
+                raise SSAExecError(f"{op.name}: its all-reduce was not started")
+            finish()
+        return run
+
+    def _fused_all_reduce(self, op, everyone):
+        # one flat buffer per place, one collective, then copy the slices back
+        per_name = [self._tensors(name, everyone, op) for name in op.var_names]
+        flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
+        started = op.apply_start(self.collective, flats, op.name)
+
+        def finish():
+            started()
+            _unflatten(per_name, flats, everyone)
+        return finish
+
+    def _fetch_fn(self, op):
+        name = op.var_name
+        n = len(self.graph.places)
+
+        def run():
+            vals = []
+            for pi in range(n):
+                t = self.scopes[pi].find_var(name)
+                if t is None:
+                    raise OpError(f"While executing {op.name}: var {name!r} has no value on "
+                                  f"{self.graph.places[pi]}", "fetch", self.graph.places[pi])
+                # a snapshot: later ops and runs update parameters in place
+                if t.is_cuda:
+                    # pinned host memory, copied on the current stream of t's device: the
+                    # fetch stream this handle entered there (StreamSync.wrap), which waited
+                    # for t's producer; run() waits for the fetch's event
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    vals.append(host.copy_(t.detach(), non_blocking=True))
+                else:
+                    vals.append(t.detach().to("cpu", copy=True))
+            self.fetched[name] = vals
+        return run
+
+
+def _unflatten(per_name, flats, everyone):
+    for pi in everyone:
+        offset = 0
+        for ts in per_name:
+            t = ts[pi]
+            k = t.numel()
+            t.copy_(flats[pi][offset:offset + k].view_as(t))
+            offset += k
+
+
+def collective_signature(graph):
+    """Each collective of ``graph`` in chain order as ``(seq, kind, var names, declared
+    shapes, dtypes)``: what the debug mode of a multi-process run compares across ranks
+    (``begin_step``)."""
+    block = graph.program.global_block()
+    out = []
+    for op in graph.collectives:
+        vars_ = [block.find_var(n) for n in op.var_names]
+        out.append((op.seq, op.kind, tuple(op.var_names),
+                    tuple(tuple(v.shape) if v is not None and v.shape is not None else None
+                          for v in vars_),
+                    tuple(v.dtype if v is not None else None for v in vars_)))
+    return out
+
+
+@functools.singledispatch
+def handle_fn(op, calls):
+    """A zero-argument function that runs handle ``op`` with ``calls`` (a ``HandleCalls``),
+    by handle class.
+
+    A new handle kind registers here: ``@handle_fn.register`` on a function taking
+    ``(op: NewOpHandle, calls)``.
+    """
+    raise SSAExecError(f"no runner for op handle kind {op.kind!r}")
+
+
+handle_fn.register(ComputationOpHandle, lambda op, calls: calls._compute_fn(op))
+handle_fn.register(ScaleLossGradOpHandle, lambda op, calls: calls._scale_loss_grad_fn(op))
+handle_fn.register(FetchOpHandle, lambda op, calls: calls._fetch_fn(op))
+handle_fn.register(CollectiveOpHandle, lambda op, calls: calls._collective_fn(op))
+handle_fn.register(AllReduceWaitOpHandle, lambda op, calls: calls._wait_fn(op))
