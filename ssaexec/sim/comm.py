@@ -105,7 +105,14 @@ class Collective:
     """One collective's cost model on a ``Cluster`` (launch latency excluded)."""
 
     __slots__ = ()
-    name = None  # its key in ``COLLECTIVES``, as the simulator names it
+    name = None  # its key in ``COLLECTIVES``: the kind of the handle that runs it
+    passes = 1  # passes over the places' tensors of the in-process part (sums, copies)
+    splits = False  # a start handle and a wait handle (asynchronous all-reduce)
+    hierarchical = False  # across processes: local reduce, processes, local broadcast
+
+    def in_process(self, processes):
+        """The model of its in-process part when ``processes`` processes take part."""
+        return self
 
     @staticmethod
     def ring_steps(ranks, nodes):
@@ -122,6 +129,13 @@ class AllReduce(Collective):
 
     __slots__ = ()
     name = "all_reduce"
+    passes = 2
+    splits = True
+    hierarchical = True
+
+    def in_process(self, processes):
+        # several processes: the places reduce to one tensor, the processes all-reduce it
+        return COLLECTIVES["reduce"] if processes > 1 else self
 
     @staticmethod
     def ring_steps(ranks, nodes):

@@ -57,11 +57,11 @@ import weakref
 from collections import deque
 
 from ..graph.aliasing import plan_aliasing
-from ..graph.ssa import AllReduceOpHandle, AllReduceWaitOpHandle, FetchOpHandle
+from ..graph.ssa import AllReduceWaitOpHandle, FetchOpHandle
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
 from ..runtime.node_graph import partition
-from .comm import collective_time
+from .comm import COLLECTIVES, collective_time
 from .costs import foreach_cost, wire_bytes
 from .profile import OpCost
 from .result import Activity, SimResult
@@ -220,18 +220,16 @@ class _Replay:
         self.algos[algo] = self.algos.get(algo, 0) + 1
         return t
 
-    def local_time(self, coll, nbytes):
+    def local_time(self, model, nbytes):
         """In-process collective of the P places (host work for CPU places)."""
         P = self.P
         if P <= 1 or not self.comm:
             return 0.0
         if self.cluster.local_sum is None or (self.gpu and not self.shared):
-            k = "reduce" if coll == "all_reduce" and self.procs > 1 else coll
-            return self.net_time(k, nbytes, P)
+            return self.net_time(model.in_process(self.procs).name, nbytes, P)
         # CPU places: host work; GPU places sharing a device: LocalCollective's kernels
         alpha, bw = self.cluster.local_sum
-        t = (P - 1) * (alpha + nbytes / bw)
-        return t if coll == "all_reduce" else t / 2
+        return (P - 1) * (alpha + nbytes / bw) * model.passes / 2
 
     # --- host work ----------------------------------------------------------------------
     def host_work(self, thread, seconds, label, gil_fraction=None):
@@ -342,8 +340,9 @@ class _Replay:
 
     def collective(self, thread, h):
         nbytes = wire_bytes(h, self.graph.program)
-        coll = "all_reduce" if isinstance(h, AllReduceOpHandle) else h.kind
-        is_async = coll == "all_reduce" and h.wait is not None
+        model = COLLECTIVES[h.kind]  # the handle's kind names its cost model (sim.comm)
+        coll = model.name
+        is_async = model.splits and h.wait is not None
         label = h.name
         P = self.P
         if P == 1 and self.procs == 1:
@@ -354,14 +353,14 @@ class _Replay:
             self.dev_end[h.id] = (t, thread.last)
             yield t
             return
-        local = self.local_time(coll, nbytes)
+        local = self.local_time(model, nbytes)
         cross = self.procs > 1
         if self.gpu:
             launch = self.host.op_s * P + (self.cluster.collective_issue_s if cross else 0.0)
             t = self.host_work(thread, 0.0 if self.cuda_graph else launch, label)
             work = local
-            if cross and coll == "all_reduce":  # local reduce, processes, local broadcast
-                work += self.net_time("all_reduce", nbytes, self.procs, self.proc_cluster)
+            if cross and model.hierarchical:  # local reduce, processes, local broadcast
+                work += self.net_time(coll, nbytes, self.procs, self.proc_cluster)
             elif cross:
                 work = self.net_time(coll, nbytes, self.ranks)
             a = self.stream_work(self.proc_comm, work, label,
@@ -370,12 +369,12 @@ class _Replay:
             yield t
             if cross and is_async:
                 self.pending_net[h.id] = (a.end, a)
-            elif cross and coll == "all_reduce" and not self.cuda_graph:
+            elif cross and model.hierarchical and not self.cuda_graph:
                 # the executor waits for the process group's work with a timeout: blocking
                 yield self.block(thread, (a.end, a))
             return
         # CPU places: the in-process part is host work (sums and copies on the thread)
-        calls = 2 * (P - 1) if coll == "all_reduce" else P - 1
+        calls = model.passes * (P - 1)
         if len(h.var_names) > 1 and P > 1:  # a fused bucket: flatten, then copy back
             calls += P * (1 + len(h.var_names))
             if self.cluster.local_sum is not None:
