@@ -10,9 +10,10 @@ import torch
 import ssaexec as se
 from ssaexec.runtime import fusion, scheduler
 from ssaexec.runtime.collective import LocalCollective
-from ssaexec.runtime.compiled import CompiledRunner
+from ssaexec.runtime.compiled import CompiledRunner, SegmentLowering
 from ssaexec.runtime.graph_runner import GraphRunner
 from ssaexec.runtime.node_graph import NODE_KINDS, HandleNode, Segment, partition
+from ssaexec.runtime.runner import Runner
 from ssaexec.sim import Cluster, Device, Host, Link, OpCost, Profile, op_key
 from ssaexec.sim.engine import node_graph, simulate_step
 
@@ -141,3 +142,48 @@ def test_the_simulator_fuses_with_the_code_generators_rule(monkeypatch):
 def _source(graph):
     runner = CompiledRunner(graph, [se.Scope()], LocalCollective(), None)
     return "\n".join(seg.lowered.source for seg in runner.segments)
+
+
+class _CountingLowering(SegmentLowering):
+    """A lowering swapped in by the caller: the compiled path's bodies, counted."""
+
+    __slots__ = ("ran",)
+
+    def __init__(self):
+        super().__init__()
+        self.ran = []
+
+    def segment_body(self, seg):
+        body = super().segment_body(seg)
+
+        def counted():
+            self.ran.append(seg.id)
+            body()
+        return counted
+
+
+def test_the_lowering_is_swapped_without_touching_the_runner():
+    main, startup, loss, graph = _mlp(se.cpu_places(2))
+    feed = {"x": torch.randn(8, 6), "y": torch.randn(8, 1)}
+    results = []
+    for lowering in (SegmentLowering(), _CountingLowering()):
+        exe = se.Executor(se.CPUPlace(0))
+        scope = se.Scope()
+        torch.manual_seed(0)
+        exe.run(startup, scope=scope)
+        scopes = [se.Scope() for _ in graph.places]
+        for s in scopes:
+            for name, value in scope.vars.items():
+                s.set_var(name, value.clone())
+        for pi, s in enumerate(scopes):
+            s.set_var("x", feed["x"][4 * pi:4 * pi + 4])
+            s.set_var("y", feed["y"][4 * pi:4 * pi + 4])
+        graph = se.build_ssa_graph(main, se.cpu_places(2), fetch_list=[loss.name])
+        sched = scheduler.Scheduler(3)
+        try:
+            runner = Runner(graph, scopes, LocalCollective(), sched, lowering)
+            results.append(runner.run()[loss.name])
+        finally:
+            sched.close()
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    assert sorted(lowering.ran) == [n.id for n in runner.segments]

@@ -7,7 +7,10 @@ Each run copies ``pending`` and starts the ops with no producers. The thread
 that finishes an op decrements its successors' counts under one lock, runs ONE
 newly ready op itself (a thread-pool hop costs tens of microseconds in
 CPython, a decrement a tenth of one) and queues the rest for the pool,
-communication ops first so they start while computation continues.
+communication ops first so they start while computation continues. The two
+choices are the functions ``comm_first`` (queue order) and ``run_here`` (the op
+a thread keeps), with ``default_threads``: the simulator replays steps with
+these same functions (``sim.engine``), so a policy changed here changes both.
 
 State invariants of one run (``_Run``): ``inflight`` counts ops that are ready
 (queued or running) and not finished; ``remaining`` counts ops not yet run.
@@ -339,8 +342,9 @@ class Scheduler:
                     run.done.set()
             if not ready:
                 return
-            # run one compute op here; hand the rest (comm ops first) to the pool
-            nxt = run_here(ready, is_comm)
+            # run one op here (the policy's choice; one ready op is its only choice) and
+            # hand the rest (comm ops first) to the pool
+            nxt = ready[0] if len(ready) == 1 else run_here(ready, is_comm)
             for j in ready:
                 if j != nxt:
                     put((run, j))
