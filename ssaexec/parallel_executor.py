@@ -63,6 +63,8 @@ from .process_group_setup import agree_and_broadcast, process_group_collective
 from .program.desc import Program
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
+from .runtime.inductor import InductorLowering, check_compiler
+from .runtime.runner import Runner
 from .dtypes import torch_dtype
 from .place import available_cores, cpu_places, cuda_places
 from .runtime.scheduler import Scheduler, default_threads
@@ -135,6 +137,7 @@ class ParallelExecutor:
         if self.exec_strategy.cuda_graph:
             from .runtime.cuda_graph import check_places
             check_places(self.places, dist_collective is not None)
+        check_compiler(self.exec_strategy.compiler, self.places)
         n = len(self.places)
         threads = self.exec_strategy.num_threads or default_threads(n)
         self._scheduler = Scheduler(threads, name="ssaexec")
@@ -297,15 +300,21 @@ class ParallelExecutor:
 
     def _runner(self, fetch, phase="apply"):
         compiled, amp = self._compiled(), self.exec_strategy.amp
-        key = (fetch, compiled, amp, phase)
+        compiler = self.exec_strategy.compiler if compiled else None
+        key = (fetch, compiled, amp, phase, compiler)
         runner = self._runners.get(key)
         if runner is None:
             graph = build_ssa_graph(self.program_for(phase), self.places, self.build_strategy,
                                     list(fetch))
             graph.lint()
-            kind = CompiledRunner if compiled else GraphRunner
-            runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
-                          self._contexts(), self.exec_strategy.sync, run_places=run_places)
+            if compiler == "inductor":
+                runner = Runner(graph, self.local_scopes, self._collective, self._scheduler,
+                                InductorLowering(), self._contexts(), self.exec_strategy.sync,
+                                run_places)
+            else:
+                kind = CompiledRunner if compiled else GraphRunner
+                runner = kind(graph, self.local_scopes, self._collective, self._scheduler,
+                              self._contexts(), self.exec_strategy.sync, run_places=run_places)
             self._runners[key] = runner
         return runner
 

@@ -157,14 +157,19 @@ class ExecutionStrategy:
         True (default): lower the graph once to prepared calls, straight-line code
         per segment (``runtime.compiled``). False: the readable path, one
         ``OpCall`` per op handle through the scheduler (per-op traces use it).
+    compiler : {None, "inductor"}
+        With ``compiled``: None (default) runs each segment's generated code;
+        "inductor" compiles each segment with Inductor (``runtime.inductor``; one
+        place in one process: the whole step as one graph). A segment it cannot
+        compile runs its generated code, with one line saying why.
     """
 
     __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled", "amp_allreduce",
-                 "cuda_graph", "cuda_graph_warmup", "cuda_graph_cache")
+                 "cuda_graph", "cuda_graph_warmup", "cuda_graph_cache", "compiler")
 
     def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None,
                  compiled=True, amp_allreduce="fp32", cuda_graph=False, cuda_graph_warmup=2,
-                 cuda_graph_cache=4):
+                 cuda_graph_cache=4, compiler=None):
         if num_threads is not None and num_threads < 1:
             raise SSAExecError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
@@ -173,6 +178,7 @@ class ExecutionStrategy:
         self.amp_allreduce = _check("amp_allreduce", amp_allreduce, ("fp32", "low"))
         self.torch_threads = torch_threads
         self.compiled = bool(compiled)
+        self.compiler = _check("compiler", compiler, (None, "inductor"))
         self.cuda_graph = bool(cuda_graph)
         if cuda_graph_warmup < 1 or cuda_graph_cache < 1:
             raise SSAExecError(f"cuda_graph_warmup and cuda_graph_cache must be >= 1, got "

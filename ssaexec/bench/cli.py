@@ -35,7 +35,7 @@ __all__ = ["MODES", "DEFAULT_MODES", "SCHEMA", "PRESETS", "add_arguments", "sett
 DESCRIPTION = "Benchmark harness: images/sec of one model trained in several modes, in one run."
 
 MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "ssaexec-from-torch",
-         "ssaexec-nproc")
+         "ssaexec-nproc", "ssaexec-inductor")
 DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
@@ -190,7 +190,7 @@ def plan(args, s):
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-    if "ssaexec-from-torch" in modes:
+    if "ssaexec-from-torch" in modes or "ssaexec-inductor" in modes:
         try:
             from ..frontends.torch import from_torch  # noqa: F401
         except ImportError as e:

@@ -132,6 +132,8 @@ class ParallelTrainer(Trainer):
     ``places`` CPU places or GPUs); ``first_place`` is the index of the first of them
     among all places (under torchrun, this process's share), which picks its samples."""
 
+    compiler = None  # ExecutionStrategy(compiler=...)
+
     def __init__(self, cfg, places=None, first_place=0):
         import ssaexec as se
         s = cfg["settings"]
@@ -141,7 +143,8 @@ class ParallelTrainer(Trainer):
                                  else se.cpu_places(n))
         x, y = place_samples(s, n, first_place, len(self.places))
         main, startup, self.loss, names = self.program(s, x, y)
-        strategy = se.ExecutionStrategy(amp=s.get("amp"), cuda_graph=bool(s.get("cuda_graph")))
+        strategy = se.ExecutionStrategy(amp=s.get("amp"), cuda_graph=bool(s.get("cuda_graph")),
+                                        compiler=self.compiler)
         self.pe = se.ParallelExecutor(self.places, main, startup, self.loss,
                                       exec_strategy=strategy, scope=se.Scope())
         self.feed = {names[0]: x, names[1]: y}
@@ -169,6 +172,22 @@ class FromTorchTrainer(ParallelTrainer):
 
     def program(self, s, x, y):
         return from_torch_program(s, x, y)
+
+
+class InductorTrainer(FromTorchTrainer):
+    """``ssaexec-inductor``: as ``ssaexec-from-torch``, each segment compiled by Inductor
+    (``ExecutionStrategy(compiler="inductor")``); its first two steps (record, compile)
+    are timed apart (``compile_s``), before the warm-up."""
+
+    compiler = "inductor"
+
+    def __init__(self, cfg, places=None, first_place=0):
+        super().__init__(cfg, places, first_place)
+        t0 = time.perf_counter()
+        self.step()
+        self.step()
+        self.sync()
+        self.compile_s = time.perf_counter() - t0
 
 
 class EagerTrainer(Trainer):
@@ -233,4 +252,5 @@ class CompileTrainer(EagerTrainer):
 
 # mode -> trainer class, for the modes that run in one process
 TRAINERS = {"seq": SeqTrainer, "ssaexec": ParallelTrainer, "torch-eager": EagerTrainer,
-            "torch-compile": CompileTrainer, "ssaexec-from-torch": FromTorchTrainer}
+            "torch-compile": CompileTrainer, "ssaexec-from-torch": FromTorchTrainer,
+            "ssaexec-inductor": InductorTrainer}

@@ -66,6 +66,10 @@ def execution_options(parser, steps_default):
     g.add_argument("--cuda-graph", action="store_true",
                    help="capture the step as a CUDA graph after 2 warm-up steps (CUDA places "
                         "on one GPU)")
+    g.add_argument("--compiler", choices=("inductor",), default=None,
+                   help="compile each segment of the step with Inductor (needs a C++ "
+                        "compiler on CPU; a segment it cannot compile runs as usual, with "
+                        "one line saying why)")
     g.add_argument("--accumulate", type=positive, default=1, metavar="K",
                    help="gradient accumulation: update every K steps (default: 1)")
     g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
@@ -146,7 +150,8 @@ def setup(args):
                           loss_name=loss, build_strategy=strategy,
                           exec_strategy=ExecutionStrategy(num_threads=args.threads,
                                                           amp=args.amp,
-                                                          cuda_graph=args.cuda_graph),
+                                                          cuda_graph=args.cuda_graph,
+                                                          compiler=args.compiler),
                           scope=Scope())
     resume = getattr(args, "resume", None)
     if resume:

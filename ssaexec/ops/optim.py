@@ -23,6 +23,8 @@ otherwise the dense way on the densified gradient; the fused passes update such
 parameters alone.
 """
 
+import contextvars
+
 import torch
 
 from .registry import register_op
@@ -33,6 +35,11 @@ def _decayed(grad, param, wd):
     return grad.add(param, alpha=wd) if wd else grad
 
 
+# True while a segment is traced for a compiler (runtime.inductor): the learning rate
+# must stay a tensor input of the graph, not a number read once and baked in
+LR_AS_TENSOR = contextvars.ContextVar("ssaexec_lr_as_tensor", default=False)
+
+
 def _minus_lr(lr):
     """``-lr`` as a number where reading it costs nothing (a CPU tensor), else None.
 
@@ -40,8 +47,8 @@ def _minus_lr(lr):
     (fresh pages each step for large tensors: 13 ms against 1.5 ms a step on an 8.7 M
     parameter model, bench/hf_models.py), as ``torch.optim`` does with a float lr. On a
     GPU reading lr would synchronise the host (and break CUDA-graph capture), so there the
-    update multiplies by the lr tensor."""
-    return -lr.item() if lr.device.type == "cpu" else None
+    update multiplies by the lr tensor; so it does while traced (``LR_AS_TENSOR``)."""
+    return -lr.item() if lr.device.type == "cpu" and not LR_AS_TENSOR.get() else None
 
 
 def _sub_lr_times(p, step, lr):
