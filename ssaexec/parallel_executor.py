@@ -298,10 +298,15 @@ class ParallelExecutor:
         # observed steps take the readable path; the user's strategy object stays as given
         return self.exec_strategy.compiled and not self._observing
 
-    def _runner(self, fetch, phase="apply"):
-        compiled, amp = self._compiled(), self.exec_strategy.amp
+    def _runner_key(self, fetch, phase):
+        """The cache key of the runner of ``fetch`` in ``phase``: what makes runners differ."""
+        compiled = self._compiled()
         compiler = self.exec_strategy.compiler if compiled else None
-        key = (fetch, compiled, amp, phase, compiler)
+        return (fetch, compiled, self.exec_strategy.amp, phase, compiler)
+
+    def _runner(self, fetch, phase="apply"):
+        key = self._runner_key(fetch, phase)
+        _, compiled, _, _, compiler = key
         runner = self._runners.get(key)
         if runner is None:
             graph = build_ssa_graph(self.program_for(phase), self.places, self.build_strategy,
@@ -515,8 +520,7 @@ class ParallelExecutor:
         """Captured CUDA graphs for ``fetch_list``: ``{"captured", "replays", "cached",
         "fallback"}`` (``fallback`` names why steps run without graphs), or None when
         ``ExecutionStrategy(cuda_graph=True)`` is off or no step ran yet."""
-        runner = self._runners.get((fetch_names(fetch_list), self._compiled(),
-                                    self.exec_strategy.amp, "apply"))
+        runner = self._runners.get(self._runner_key(fetch_names(fetch_list), "apply"))
         graphs = self._step_graphs.get(id(runner)) if runner is not None else None
         return graphs.status() if graphs is not None else None
 
