@@ -29,7 +29,9 @@ def _train(opt, places, compiler, lrs=(None, None, None), dropout=0.0):
     scope = se.Scope()
     torch.manual_seed(1)
     se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+    # one gradient bucket: two places make 3 segments each to compile, not one per gradient
     pe = se.ParallelExecutor(se.cpu_places(places), main, startup, loss.name, scope=scope,
+                             build_strategy=se.BuildStrategy(fuse_all_reduce_ops=True),
                              exec_strategy=se.ExecutionStrategy(compiler=compiler))
     gen = torch.Generator().manual_seed(0)
     losses = []
