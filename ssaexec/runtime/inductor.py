@@ -19,7 +19,8 @@ Per segment, in order:
    the real values must not be updated twice), the graph is rewritten where
    Inductor is known to be wrong (``_alpha_as_mul``), and compiled. In-place
    updates of parameters stay in place: Inductor copies mutated inputs back.
-   Progress: a line before and after each compile (on stderr, or ``notes``).
+   Progress: a line before and after each compile (on stderr, or ``notes``). One
+   compile runs at a time in the process (places' threads take turns).
 3. **Run**: the compiled function on the scope's current values; the outputs are
    stored into the scope under the recorded names.
 
@@ -48,6 +49,7 @@ last bit at most: a multiply and an add instead of one fused step).
 
 import shutil
 import sys
+import threading
 import time
 
 import torch
@@ -60,6 +62,10 @@ from .compiled import SegmentLowering
 __all__ = ["InductorLowering", "MAX_SIGNATURES", "check_compiler"]
 
 MAX_SIGNATURES = 8  # compiled graphs kept per segment (one per signature of its inputs)
+# Places run their segments on several threads, and their first steps compile at the same
+# time; tracing and Inductor keep process-wide state (dispatch modes, configs, caches), so
+# one compile runs at a time
+_COMPILE_LOCK = threading.Lock()
 
 _aten = torch.ops.aten
 _ALPHA_OPS = (_aten.add.Tensor, _aten.add_.Tensor, _aten.sub.Tensor, _aten.sub_.Tensor)
@@ -183,7 +189,8 @@ class _CompiledSegment:
             if len(self.graphs) >= MAX_SIGNATURES:
                 return self.fallback()  # more shapes than kept: this one runs uncompiled
             try:
-                fn = self._compile(inputs)
+                with _COMPILE_LOCK:
+                    fn = self._compile(inputs)
             except _Refused as e:
                 return self._refuse(str(e))
             except Exception as e:  # noqa: BLE001 - any failure of tracing or Inductor
