@@ -7,7 +7,7 @@ or ``SSAExecError``; from the CLI exit status 2 and one line):
 1. sizes at run time: a synthetic batch over ``max_tensor_elements``; a result of a
    hand-written op (a var without a shape, -1 dims a batch multiplies) over it, on
    both execution paths;
-2. validation is linear in the size of the file: chains of 1,000 to 4,000 blocks;
+2. validation is linear in the size of the file: chains of 500 to 2,000 blocks;
 3. nesting deeper than ``max_block_depth`` (1,000 nested ``conditional_block``s) is
    refused when the file is read, and programs built in Python never recurse past it;
 4. ``parallel_do`` names only places of the executor's device, at most ``max_places``;
@@ -140,13 +140,13 @@ def _validate_calls(program):
 def test_validation_is_linear_in_the_size_of_the_file():
     program_from_text(chained_text(2)).validate()  # the first meta kernels import a lot
     with limits(max_block_depth=10_000):
-        small = _validate_calls(program_from_text(chained_text(1000)))
-        big = _validate_calls(program_from_text(chained_text(4000)))
+        small = _validate_calls(program_from_text(chained_text(500)))
+        big = _validate_calls(program_from_text(chained_text(2000)))
     # 4x the blocks: a linear check does ~4x the work (quadratic: 16x; it took 2.7 s and
     # 31 s). Calls, not seconds: a timed bound failed once in CI on a collector's pause.
     assert big < 5 * small, (small, big)
-    wide_small = _validate_calls(program_from_text(wide_text(1000)))
-    wide_big = _validate_calls(program_from_text(wide_text(4000)))
+    wide_small = _validate_calls(program_from_text(wide_text(500)))
+    wide_big = _validate_calls(program_from_text(wide_text(2000)))
     assert wide_big < 5 * wide_small, (wide_small, wide_big)
 
 
