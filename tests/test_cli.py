@@ -706,3 +706,21 @@ def test_stats_says_whether_the_step_can_be_captured_as_a_cuda_graph(cli, tmp_pa
     assert res.status == 0, res
     cg = json.loads(res.out)["cuda_graph"]
     assert not cg["capturable"] and "dropout" in cg["why_not"]
+
+
+def test_stats_says_what_the_compiler_would_run_uncompiled(cli, tmp_path):
+    res = cli(["stats", example("mnist_mlp.json"), "--places", "1", "--compiler", "inductor"])
+    assert res.status == 0, res
+    # the commit phase is a segment of its own under the compiler (atomic steps)
+    assert "compiler        inductor: 2 segments (1 in the commit phase), 0 to run " \
+        "uncompiled" in res.out, res.out
+    import ssaexec as se
+    from test_control import _program
+    path = tmp_path / "cond.json"
+    se.save_program(_program(), str(path))
+    res = cli(["stats", str(path), "--places", "1", "--compiler", "inductor", "--format",
+               "json"])
+    assert res.status == 0, res
+    comp = json.loads(res.out)["compiler"]
+    assert [u["why"] for u in comp["uncompiled"]] == [
+        "conditional_block#1@cpu:0 is a control op (its sub-blocks run on the scheduler)"]

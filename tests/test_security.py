@@ -371,11 +371,21 @@ def _importer_cases():
     return cases
 
 
+# The cases whose ATen overloads cover those of all of ``_importer_cases`` (a greedy set
+# cover, measured with torch 2.13: the bench twins, _Tied, the weighted loss, the MLPs and
+# the ResNets emit no overload outside it). Importing each costs seconds (two traces by
+# aot_export), and from_torch validates what it emits, so the other models' own tests
+# would already fail on a refused op; this sweep adds the file round trips.
+COVER = ("tests zoo", "CNN with batch norm", "transformer encoder", "tests encoder")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_op_from_torch_emits_for_real_models_is_allowed():
     emitted = {}
     for name, module, feeds, loss_fn in _importer_cases():
+        if name not in COVER:
+            continue
         # from_torch validates its result, so a refused op would already raise here
         main, startup, _ = se.from_torch(module, feeds, loss_fn=loss_fn)
         for prog in (main, startup):

@@ -22,6 +22,7 @@ with ring algorithms: all-reduce 2(n-1)/n x payload, reduce and broadcast
 examples:
   ssaexec stats examples/small_resnet.json --places 4
   ssaexec stats examples/seed_mlp.json --reduce-strategy reduce --format json
+  ssaexec stats examples/mnist_mlp.json --places 1 --compiler inductor
 """
 
 
@@ -32,6 +33,9 @@ def register(add):
     p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
     p.add_argument("--format", "-f", choices=("text", "json"), default="text",
                    help="output form (default: %(default)s)")
+    p.add_argument("--compiler", choices=("inductor",), default=None,
+                   help="also say what this compiler would compile: its segments, and those "
+                        "that would run uncompiled, with why")
     p.set_defaults(func=cmd_stats)
 
 
@@ -46,6 +50,9 @@ def cmd_stats(args):
     stats["cuda_graph"] = {"capturable": problem is None, "why_not": None if problem is None
                            else f"op #{problem[0].op_index} '{problem[0].op_type}': {problem[1]}"}
     stats["collective_backend"] = choose_local_collective(graph.places)[2]
+    if args.compiler == "inductor":
+        from ..runtime.inductor import inductor_summary
+        stats["compiler"] = inductor_summary(graph)
     stats["compiled"] = compile_summary(graph)  # last: it adds the alias edges
     if args.format == "json":
         import json
@@ -59,4 +66,11 @@ def cmd_stats(args):
                                            if cg["capturable"] else
                                            f"not capturable: {cg['why_not']}") + "\n")
         sys.stdout.write(stats["collective_backend"] + "\n")
+        comp = stats.get("compiler")
+        if comp is not None:
+            sys.stdout.write(f"compiler        {comp['name']}: {comp['segments']} segments "
+                             f"({comp['commit_segments']} in the commit phase), "
+                             f"{len(comp['uncompiled'])} to run uncompiled\n")
+            for u in comp["uncompiled"]:
+                sys.stdout.write(f"  uncompiled    {u['segment']}: {u['why']}\n")
     return EXIT_OK

@@ -43,6 +43,9 @@ Invariants:
   inference (``validate``) runs them and a program whose declared shapes break
   them fails validation with the same message; ``index`` checks read values,
   skip meta tensors and cost one ``aminmax`` per index tensor at run time;
+  traced for a compiler (``TRACED``), they are assertions in the compiled graph,
+  with the same words, on every device (the compiler replaces the kernel, and
+  with it the CPU kernel's own check);
 * an op without a guard costs nothing: its ``OpOverload`` is called directly;
 * a program ssaexec built in this process (``ProgramDesc.trusted``: ``from_torch``)
   calls the bare overload (``OpDef.bare_overload``/``bare_kernel``, chosen by
@@ -61,6 +64,7 @@ before ``guarded`` is first called. The index checks' host read stays here
 (``_index_range``), where docs/security.md and the host-sync allowlist name it.
 """
 
+import contextvars
 import inspect
 import math
 
@@ -69,7 +73,12 @@ import torch
 from ..errors import ProgramError
 from ..limits import get_limit, numel_problem
 
-__all__ = ["TRUSTS", "GuardedOverload", "guarded"]
+__all__ = ["TRUSTS", "TRACED", "GuardedOverload", "guarded"]
+
+# True while a segment is traced for a compiler (runtime.inductor): a check that reads
+# values on the host would run once, at trace time, and be gone from the compiled graph;
+# it is traced instead as an assertion in the graph (``_assert``), run at every call
+TRACED = contextvars.ContextVar("ssaexec_guards_traced", default=False)
 
 INDEX, SHAPE, LAYOUT, SIZE, VALUE = "index", "shape", "layout", "size", "value"
 
@@ -155,8 +164,17 @@ def _dense(v, rows=False):
 
 # --- helpers ----------------------------------------------------------------------------------
 def _fail(op, text):
-    raise ProgramError(f"op {op!r}: {text}; its kernel does not check this "
-                       "(ssaexec.ops.guards, docs/security.md)")
+    raise ProgramError(_message(op, text))
+
+
+def _message(op, text):
+    return (f"op {op!r}: {text}; its kernel does not check this "
+            "(ssaexec.ops.guards, docs/security.md)")
+
+
+def _assert(op, cond, text):
+    """While ``TRACED``: the check ``cond`` (a bool tensor) as an assertion in the graph."""
+    torch._assert_async(cond, _message(op, text))
 
 
 def _shape(t):
@@ -198,11 +216,16 @@ def _index_range(op, name, t, lo, hi, what, cpu_checks=False):
     """Values of index tensor ``t`` in ``[lo, hi)``: one ``aminmax`` (skips meta tensors)."""
     if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device.type == "meta":
         return
-    if cpu_checks and t.device.type == "cpu":
-        return  # the CPU kernel checks; elsewhere its check is a device-side assert
     if t.dtype in (torch.bool, torch.uint8) or t.dtype.is_floating_point or t.is_complex():
         return  # masks and non-index dtypes: the kernel refuses or checks them itself
+    traced = TRACED.get()
+    if cpu_checks and t.device.type == "cpu" and not traced:
+        return  # the CPU kernel checks; elsewhere its check is a device-side assert
     mn, mx = torch.aminmax(t)
+    if traced:  # a compiler replaces the kernel and its checks: assert in the graph
+        _assert(op, (mn >= lo) & (mx < hi),
+                f"argument {name!r} holds a value outside [{lo}, {hi}) ({what})")
+        return
     mn, mx = int(mn), int(mx)
     if mn < lo or mx >= hi:
         bad = mn if mn < lo else mx

@@ -7,8 +7,8 @@ off the CPU, where a bad index is a device-side assert that ends the CUDA contex
 
 import torch
 
-from .guards import (INDEX, LAYOUT, SHAPE, SIZE, _dim, _fail, _guard, _index_range, _numel,
-                     _same_shape, _shape)
+from .guards import (INDEX, LAYOUT, SHAPE, SIZE, TRACED, _assert, _dim, _fail, _guard,
+                     _index_range, _numel, _same_shape, _shape)
 
 
 @_guard("aten.max_pool2d_with_indices_backward.default", trusts=[INDEX, SHAPE],
@@ -51,9 +51,13 @@ def _embedding_bag(op, weight, indices, offsets, mode, per_sample_weights,
     _same_shape(op, "per_sample_weights", per_sample_weights, indices.shape, "indices' shape")
     _index_range(op, "indices", indices, 0, weight.shape[0], "rows of the weight")
     _index_range(op, "offsets", offsets, 0, indices.numel() + 1, "positions in indices")
-    if offsets.device.type != "meta" and offsets.numel() > 1 and \
-            bool((offsets[1:] < offsets[:-1]).any()):
-        _fail(op, "argument 'offsets' decreases; bags are runs of indices, in order")
+    if offsets.device.type != "meta" and offsets.numel() > 1:
+        decreases, text = (offsets[1:] < offsets[:-1]).any(), \
+            "argument 'offsets' decreases; bags are runs of indices, in order"
+        if TRACED.get():
+            _assert(op, ~decreases, text)
+        elif bool(decreases):
+            _fail(op, text)
 
 
 # Ops whose CPU kernels check their indices: checked elsewhere (device-side asserts).

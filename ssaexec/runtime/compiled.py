@@ -58,16 +58,19 @@ class SegmentLowering:
     """Lower each segment to straight-line code (see the module docstring).
 
     ``keep_fetched``: the sequential ``Executor`` leaves fetched vars in its scope, as
-    it always did. ``clones`` counts the copies made for aliasing in the last run;
+    it always did. ``atomic``: cut the commit phase into segments of its own even for
+    one place in one process (``runtime.inductor``: a compiled segment's kernels may
+    update state in any order, so what can fail must not share a segment with it). ``clones`` counts the copies made for aliasing in the last run;
     ``alias`` is the graph's ``AliasPlan``.
     """
 
-    __slots__ = ("keep_fetched", "keep", "alias", "counter", "calls")
+    __slots__ = ("keep_fetched", "keep", "alias", "counter", "calls", "atomic")
     compiled = True
     rebindable = True  # the code reads its scope through the runner's list
 
-    def __init__(self, keep_fetched=False):
+    def __init__(self, keep_fetched=False, atomic=False):
         self.keep_fetched = keep_fetched
+        self.atomic = atomic
         self.keep, self.alias, self.calls = set(), None, None
         self.counter = CloneCounter()
 
@@ -81,7 +84,7 @@ class SegmentLowering:
         self.alias = plan_aliasing(graph, self.keep)
         noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
         # several places: a step commits its updates on every place or on none
-        return partition(graph, True, noop, atomic=not noop, plan=commit)
+        return partition(graph, True, noop, atomic=self.atomic or not noop, plan=commit)
 
     def prepare(self, runner):
         self.calls = runner.calls

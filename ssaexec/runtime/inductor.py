@@ -17,7 +17,10 @@ Per segment, in order:
    shapes, strides, dtypes, devices; at most ``MAX_SIGNATURES`` kept). The code
    is traced with ``make_fx`` on copies of the inputs (tracing runs the kernels:
    the real values must not be updated twice), the graph is rewritten where
-   Inductor is known to be wrong (``_alpha_as_mul``), and compiled. In-place
+   Inductor is known to be wrong (``_alpha_as_mul``), and compiled, with
+   Inductor rounding low-precision intermediates as eager does
+   (``emulate_precision_casts``: AMP's bf16 steps then equal the compiled path's
+   to float32 rounding, 3e-8 after two Adam updates, instead of 1.6e-4). In-place
    updates of parameters stay in place: Inductor copies mutated inputs back.
    Progress: a line before and after each compile (on stderr, or ``notes``). One
    compile runs at a time in the process (places' threads take turns).
@@ -26,13 +29,18 @@ Per segment, in order:
 
 Fallback. A segment that cannot be compiled runs its generated code, as on the
 compiled path, and says so once, on one line, naming the segment and the reason
-(``fallbacks`` keeps them, for ``ssaexec stats``): a traced graph that draws
-random numbers (an ATen op tagged ``nondeterministic_seeded``: the per-step seeds
-of ``runtime.rng`` are not inputs of the graph yet; attention without dropout
-draws nothing and compiles), control ops (their
-sub-blocks run on our scheduler), values in the scope that are not tensors, a
+(``fallbacks`` keeps them, for ``ssaexec stats``): a draw outside a
+seeded op (see Random numbers), control ops (their sub-blocks run on our scheduler), values in the scope that are not tensors, a
 trace or a compile that fails. A step never fails because Inductor could not
 compile it.
+
+Random numbers. A random op (dropout) draws from its per-step seed
+(``runtime.rng``), and so does its compiled graph: the record run notes which
+ops draw, in order; while tracing, each ATen call that draws (tagged
+``nondeterministic_seeded``, with a non-zero probability) inside such an op
+becomes one ``ssaexec::seeded_call`` node whose seed is a graph input; each
+step passes that step's seeds. Inductor runs the call as it is (the draw is not
+fused; what reads the mask is), so the masks are the compiled path's, bit for bit.
 
 Errors. An error raised by a compiled segment names the segment, its place and
 its ops' types (the op inside fused code cannot be told); the same inputs on the
@@ -47,19 +55,23 @@ before Inductor sees the graph (float64 results then differ from eager by the
 last bit at most: a multiply and an add instead of one fused step).
 """
 
+import contextlib
 import shutil
 import sys
 import threading
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import OpError, SSAExecError
+from ..ops.guards import TRACED
 from ..ops.optim import LR_AS_TENSOR
 from ..ops.registry import get_op_def
 from .compiled import SegmentLowering
+from .rng import op_seed, register_call, seeded_call
 
-__all__ = ["InductorLowering", "MAX_SIGNATURES", "check_compiler"]
+__all__ = ["InductorLowering", "MAX_SIGNATURES", "check_compiler", "inductor_summary"]
 
 MAX_SIGNATURES = 8  # compiled graphs kept per segment (one per signature of its inputs)
 # Places run their segments on several threads, and their first steps compile at the same
@@ -97,7 +109,7 @@ class InductorLowering:
     rebindable = True
 
     def __init__(self, keep_fetched=False, notes=None):
-        self.base = SegmentLowering(keep_fetched)
+        self.base = SegmentLowering(keep_fetched, atomic=True)
         self.fallbacks = []  # (segment name, reason)
         self.compiles = 0  # graphs compiled by Inductor
         self.notes = notes
@@ -138,6 +150,21 @@ class InductorLowering:
             print(line, file=sys.stderr, flush=True)
 
 
+def inductor_summary(graph, local_only=True):
+    """What ``compiler="inductor"`` would compile of ``graph`` (``ssaexec stats``), without
+    running it: the segments (the commit phase apart), and those refused before any
+    trace, with the reason. Refusals found while tracing (a draw outside a seed, a
+    failed compile) show only when the step runs, each on one line."""
+    from .node_graph import partition
+    nodes = partition(graph, True, local_only and len(graph.places) == 1, atomic=True)
+    segs = nodes.segments
+    refused = [(f"{s.place} segment {s.id} ({s.name})", why) for s in segs
+               for why in [_refusal(s)] if why is not None]
+    return {"name": "inductor", "segments": len(segs),
+            "commit_segments": sum(1 for s in segs if s.commit),
+            "uncompiled": [{"segment": n, "why": w} for n, w in refused]}
+
+
 def _refusal(seg):
     """Why ``seg`` cannot be compiled from its ops alone, or None."""
     for h in seg.handles:
@@ -161,12 +188,14 @@ class _CompiledSegment:
     """The body of one segment: record, then compile per input signature, then run."""
 
     __slots__ = ("lowering", "seg", "fallback", "scopes", "loads", "stores", "graphs",
-                 "refused")
+                 "refused", "draws", "ns")
 
     def __init__(self, lowering, seg, fallback):
         self.lowering, self.seg, self.fallback = lowering, seg, fallback
         self.scopes = lowering.base.calls.scopes
         self.loads = self.stores = None
+        self.draws = []  # (program seed, op index, place index) of each seeded draw, in order
+        self.ns = seg.lowered.fn.__globals__  # the generated code's names (_op_seed, _seeded)
         self.graphs = {}  # input signature -> compiled function
         self.refused = _refusal(seg)
         if self.refused is not None:
@@ -183,6 +212,8 @@ class _CompiledSegment:
             bad = next(n for n, t in zip(self.loads, inputs, strict=True)
                        if not isinstance(t, torch.Tensor))
             return self._refuse(f"its input {bad!r} is not a tensor")
+        step = self.ns["_step"][0]
+        inputs += [torch.tensor(op_seed(*d, step)) for d in self.draws]
         key = _signature(inputs)
         fn = self.graphs.get(key)
         if fn is None:
@@ -200,13 +231,27 @@ class _CompiledSegment:
         try:
             outs = fn(*inputs)
         except Exception as e:
-            types = sorted({getattr(h, "op_type", h.kind) for h in self.seg.handles})
-            raise OpError(f"While executing {self.seg.name} compiled by Inductor on "
-                          f"{self.seg.place} (ops: {', '.join(types)}): "
-                          f"{type(e).__name__}: {e}", "segment", self.seg.place) from e
+            return self._failed(e)
         vars_ = scope.vars
         for n, v in zip(self.stores, outs, strict=True):
             vars_[n] = v
+
+    def _failed(self, e):
+        """The compiled graph raised ``e``. Outside the commit phase it wrote nothing that
+        outlives the step (``SegmentLowering(atomic=True)``): the generated code runs on
+        the same inputs and raises the error naming the op and its program line. If it
+        does not raise, its results stand, and the segment runs uncompiled from now on."""
+        seg = self.seg
+        if not seg.commit:
+            result = self.fallback()
+            self.refused = (f"its compiled graph raised where the generated code did not "
+                            f"({type(e).__name__}: {_first_line(e)})")
+            self.lowering.fall_back(seg, self.refused)
+            return result
+        types = sorted({getattr(h, "op_type", h.kind) for h in seg.handles})
+        raise OpError(f"While executing {seg.name} compiled by Inductor on {seg.place} "
+                      f"(ops: {', '.join(types)}): {type(e).__name__}: {e}", "segment",
+                      seg.place) from e
 
     def _refuse(self, reason):
         self.refused = reason
@@ -232,8 +277,13 @@ class _CompiledSegment:
                     stores.append(name)
                 dict.__setitem__(self, name, value)
 
+        def noted_seed(program_seed, op_index, place_idx, step):
+            self.draws.append((program_seed, op_index, place_idx))
+            return op_seed(program_seed, op_index, place_idx, step)
+
         out = Stores()
-        self.seg.lowered.fn(out, load)
+        with _swapped(self.ns, _op_seed=noted_seed):
+            self.seg.lowered.fn(out, load)
         scope.vars.update(out)
         self.loads, self.stores = loads, stores
 
@@ -242,49 +292,102 @@ class _CompiledSegment:
         from torch.fx.experimental.proxy_tensor import make_fx
         body, loads, stores = self.seg.lowered.fn, self.loads, self.stores
 
+        n_loads = len(loads)
+        draws = _SeededDraws()
+
         def pure(*values):
-            env = dict(zip(loads, values, strict=True))
+            env = dict(zip(loads, values[:n_loads], strict=True))
+            seeds = iter(values[n_loads:])
             out = {}
-            body(out, env.get)
+            # each random op's seed is the next graph input; its draws become seeded_calls
+            with _swapped(self.ns, _op_seed=lambda *_: next(seeds), _seeded=draws.seeded), \
+                    draws:
+                body(out, env.get)
             return tuple(out[n] for n in stores)
 
         # tracing runs the kernels: on copies, so the step is not applied twice; the
         # learning rate stays an input (a schedule changes it between steps)
         copies = [t.clone() for t in inputs]
-        token = LR_AS_TENSOR.set(True)
+        tokens = LR_AS_TENSOR.set(True), TRACED.set(True)
         try:
             gm = make_fx(pure, tracing_mode="real")(*copies)
         finally:
-            LR_AS_TENSOR.reset(token)
-        drawn = next((n.target for n in gm.graph.nodes if _draws(n)), None)
-        if drawn is not None:
-            raise _Refused(f"it draws random numbers ({drawn}): its per-step seed is not a "
-                           "graph input yet")
+            TRACED.reset(tokens[1])
+            LR_AS_TENSOR.reset(tokens[0])
+        if draws.refused is not None:
+            raise _Refused(draws.refused)
         _alpha_as_mul(gm)
         seg = self.seg
         self.lowering.say(f"ssaexec: compiling {seg.place} segment {seg.id} "
                           f"({len(seg.handles)} ops) with Inductor ...")
         t0 = time.perf_counter()
-        fn = compile_fx(gm, copies)
+        with torch._inductor.config.patch(emulate_precision_casts=True):
+            fn = compile_fx(gm, copies)
         self.lowering.compiles += 1
         self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
                           f"{time.perf_counter() - t0:.1f} s")
         return fn
 
 
-def _draws(node):
-    """Whether fx ``node`` draws random numbers: an ATen op tagged
+@contextlib.contextmanager
+def _swapped(ns, **names):
+    """``ns`` (a generated function's globals) with ``names`` replaced, then restored."""
+    old = {k: ns[k] for k in names}
+    ns.update(names)
+    try:
+        yield
+    finally:
+        ns.update(old)
+
+
+class _SeededDraws(TorchDispatchMode):
+    """While tracing: each ATen call that draws, inside a random op's ``_seeded`` block,
+    becomes a ``seeded_call`` of the block's seed (a graph input); one draw per block
+    (two would share one generator's stream), none outside a block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = None  # (seed input, device, draws so far) of the open _seeded block
+        self.refused = None
+
+    @contextlib.contextmanager
+    def seeded(self, seed, device):
+        self.block = [seed, device, 0]
+        try:
+            yield
+        finally:
+            self.block = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _draws(func, args, kwargs):
+            return func(*args, **kwargs)
+        block = self.block
+        if block is None or block[2]:
+            self.refused = self.refused or (
+                f"it draws random numbers ({func}) " +
+                ("outside a random op's seed" if block is None else
+                 "twice in one random op (one seed, one draw)"))
+            return func(*args, **kwargs)
+        block[2] += 1
+        key, tensors = register_call(func, args, kwargs, block[1])
+        outs = seeded_call(key, block[0], tensors)
+        if func._schema.is_mutable:  # in place: write the drawn values into the argument
+            args[0].copy_(outs[0])
+            return args[0]
+        return outs[0] if len(func._schema.returns) == 1 else tuple(outs)
+
+
+def _draws(func, args, kwargs):
+    """Whether calling ``func`` draws random numbers: an ATen op tagged
     ``nondeterministic_seeded`` whose probability argument (``dropout_p``, ``p``), if it
     has one, is not 0 (attention without dropout draws nothing)."""
-    target = node.target
-    if node.op != "call_function" or \
-            torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
         return False
-    for i, arg in enumerate(target._schema.arguments):
+    for i, arg in enumerate(func._schema.arguments):
         if arg.name in ("dropout_p", "p"):
-            value = node.args[i] if i < len(node.args) else \
-                node.kwargs.get(arg.name, arg.default_value)
-            return value != 0
+            value = args[i] if i < len(args) else kwargs.get(arg.name, arg.default_value)
+            return not (isinstance(value, (int, float)) and value == 0)
     return True
 
 

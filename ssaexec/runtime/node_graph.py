@@ -16,7 +16,9 @@ The partition, with ``segments``:
 
 1. Each place's handles, in one topological order of the whole graph
    (``program_order``), are cut into maximal runs that no collective
-   interrupts: a run ends after a handle some collective waits for and a new
+   interrupts: a run ends after the last handle (in the place's order) that a
+   collective waits for (a bucket's all-reduce waits for all its gradients: its
+   last one cuts, the others do not) and a new
    one starts before a handle that waits for a collective the run does not
    already follow, except that a place's optimizer updates stay one run waiting
    for all their collectives (so they fuse, as ``torch.optim`` steps after the
@@ -236,11 +238,21 @@ def _segments(graph, noop_collectives, atomic, late):
         # handles spanning places are nodes of their own (but one place's no-op collectives)
         if not h.on_one_place and not (h.is_collective and noop_collectives):
             multi.add(h.id)
+    # a run ends where a collective becomes ready: after the last, in a place's order, of
+    # its producers on that place (a bucket's all-reduce waits for all its gradients, so
+    # cutting after each one would only make more, smaller segments)
+    pos = {h.id: k for k, h in enumerate(order)}
     feeds_multi = set()
     for h in graph.ops:
         if h.id in multi and h.stream != "fetch":  # fetches wait at the end: they cut nothing
+            last = {}
             for p in h.producers():
-                feeds_multi.add(p.id)
+                if p.id in multi:
+                    continue
+                pi = _place_of(p)
+                if pi not in last or pos[p.id] > pos[last[pi]]:
+                    last[pi] = p.id
+            feeds_multi.update(last.values())
     nodes, node_of = [], {}
     current = {}  # place index -> open Segment
     updates_only = {}  # place index -> its open segment holds optimizer updates alone
@@ -250,8 +262,7 @@ def _segments(graph, noop_collectives, atomic, late):
             nodes.append(node)
             node_of[h.id] = node
             continue
-        pi = h.place_idx if h.on_one_place else \
-            next(v.place_idx for v in h.inputs + h.outputs if not v.is_dummy)
+        pi = _place_of(h)
         needs = {p.id for p in h.producers() if p.id in multi}
         commit = atomic and h.id in late
         seg = current.get(pi)
@@ -276,6 +287,12 @@ def _segments(graph, noop_collectives, atomic, late):
     for k, node in enumerate(nodes):
         node.id = k
     return nodes, node_of
+
+
+def _place_of(h):
+    # a one-place no-op collective spans no places but its vars'
+    return h.place_idx if h.on_one_place else \
+        next(v.place_idx for v in h.inputs + h.outputs if not v.is_dummy)
 
 
 def _link(nodes, node_of, chain):

@@ -15,6 +15,12 @@ Random initialisers (no tensor input) keep their documented behaviour: a
 non-zero ``seed`` attribute picks a private generator, zero uses torch's global
 one as the user seeded it.
 
+Compiled graphs (``runtime.inductor``) keep this policy: each drawing ATen call
+of a traced graph becomes ``ssaexec::seeded_call``, an op opaque to the
+compiler whose seed is a graph input, and which runs the same ATen call under
+``seeded`` with the same seed. So a compiled step draws the same masks as the
+compiled path, and the rest of the graph still fuses around the draw.
+
 A tensor-transforming op with a fixed ``seed`` draws the same numbers every call
 (``ops.nn.fixed_uniform``): they are drawn once per (seed, shape, device), by a
 generator made for that draw, and the tensor is kept and shared (read-only).
@@ -25,11 +31,12 @@ replay, and a fixed seed means the same mask every step).
 """
 
 import contextlib
+import itertools
 import threading
 
 import torch
 
-__all__ = ["op_seed", "seeded", "needs_step_seed"]
+__all__ = ["op_seed", "seeded", "needs_step_seed", "seeded_call", "register_call"]
 
 _MASK = (1 << 64) - 1
 _LOCK = threading.Lock()
@@ -74,3 +81,72 @@ def seeded(seed, device):
             yield
         finally:
             gen.set_state(state)
+
+
+# --- compiled graphs -------------------------------------------------------------------------
+# call key -> (ATen overload, args and kwargs with tensors as _Slot(k), device): what a
+# ``seeded_call`` node runs. In-process only: a compiled graph names its calls by key.
+_CALLS = {}
+_CALL_IDS = itertools.count()
+
+
+class _Slot:
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+
+def register_call(func, args, kwargs, device):
+    """Key a drawing ATen call for ``seeded_call``; returns (key, its tensor arguments)."""
+    tensors = []
+
+    def slot(a):
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+            return _Slot(len(tensors) - 1)
+        if isinstance(a, (list, tuple)):
+            return type(a)(slot(x) for x in a)
+        return a
+
+    template = (tuple(slot(a) for a in args), {k: slot(v) for k, v in kwargs.items()})
+    key = f"call{next(_CALL_IDS)}"
+    _CALLS[key] = (func, template, str(device))
+    return key, tensors
+
+
+def _call(key, tensors):
+    func, (args, kwargs), device = _CALLS[key]
+
+    def fill(a):
+        if isinstance(a, _Slot):
+            return tensors[a.k]
+        if isinstance(a, (list, tuple)):
+            return type(a)(fill(x) for x in a)
+        return a
+
+    args, kwargs = tuple(fill(a) for a in args), {k: fill(v) for k, v in kwargs.items()}
+    if func._schema.is_mutable:
+        # an in-place draw (``bernoulli_``) on a copy: the op's result is a new tensor,
+        # and the draw only reads the shape of what it overwrites
+        args = (args[0].clone(),) + args[1:]
+    return func, args, kwargs, device
+
+
+def _as_list(out):
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+@torch.library.custom_op("ssaexec::seeded_call", mutates_args=())
+def seeded_call(key: str, seed: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the drawing ATen call ``key`` (``register_call``) under ``seeded(seed)``."""
+    func, args, kwargs, device = _call(key, tensors)
+    with seeded(int(seed), device):
+        return [t.clone() if any(t is a for a in tensors) else t
+                for t in _as_list(func(*args, **kwargs))]
+
+
+@seeded_call.register_fake
+def _(key, seed, tensors):
+    func, args, kwargs, _ = _call(key, tensors)
+    return _as_list(func(*args, **kwargs))
