@@ -172,3 +172,32 @@ def test_bad_compilers_are_clear_errors(monkeypatch):
     monkeypatch.setenv("PATH", "")
     with pytest.raises(SSAExecError, match="needs a C\\+\\+ compiler.*apt install g\\+\\+"):
         check_compiler("inductor", [se.CPUPlace(0)])
+
+
+def test_a_kernel_guard_holds_inside_the_compiled_graph_and_while_tracing():
+    """A file's program feeds max-pool backward its indices (issue 29's heap write): the
+    guard's host check would run once, at trace time, so it is also an assertion in the
+    compiled graph (``ops.guards.TRACED``); a bad index at the compiling step (the trace
+    runs the kernel) or at a later one fails cleanly, naming the op."""
+    from test_kernel_guards import POOL, pool_program
+    from ssaexec.program.text import program_from_text
+    text = pool_program(0).replace('idx = aten.full.default(X=[]) {size=[1, 1, 2, 2], '
+                                   'fill_value=0, dtype="int64"}\n', "")
+    text = text.replace("var idx : int64[1, 1, 2, 2]", "var idx : int64[1, 1, 2, 2] data")
+    prog = program_from_text(text)
+    good, bad = torch.tensor([[[[0, 3], [8, 15]]]]), torch.tensor([[[[0, 3], [8, 1 << 40]]]])
+    strategy = se.ExecutionStrategy(compiler="inductor")
+    for bad_step in (1, 2):  # 1: the compiling step; 2: a compiled one
+        with se.ParallelExecutor(se.cpu_places(1), prog, scope=se.Scope(),
+                                 exec_strategy=strategy) as pe:
+            for step in range(3):
+                feed = {"idx": bad if step == bad_step else good}
+                if step != bad_step:
+                    loss, = pe.run(["loss"], feed=feed)
+                    assert float(loss) == 4.0
+                    continue
+                with pytest.raises(se.ProgramError, match=f"{POOL}.*'indices' holds "
+                                   "1099511627776, outside \\[0, 16\\)"):
+                    pe.run(["loss"], feed=feed)
+            lowering = pe._runner(("loss",)).lowering
+            assert lowering.compiles == 1 and lowering.fallbacks == []

@@ -61,7 +61,7 @@ the shapes convolutions make), ``guards_value`` (values that index host memory) 
 way (no cycle): ``ssaexec/ops/__init__.py`` imports them, in that order, which
 Python runs before any ``ssaexec.ops.<module>``, so every guard is registered
 before ``guarded`` is first called. The index checks' host read stays here
-(``_index_range``), where docs/security.md and the host-sync allowlist name it.
+(``_host_range``), where docs/security.md and the host-sync allowlist name it.
 """
 
 import contextvars
@@ -75,10 +75,12 @@ from ..limits import get_limit, numel_problem
 
 __all__ = ["TRUSTS", "TRACED", "GuardedOverload", "guarded"]
 
-# True while a segment is traced for a compiler (runtime.inductor): a check that reads
-# values on the host would run once, at trace time, and be gone from the compiled graph;
-# it is traced instead as an assertion in the graph (``_assert``), run at every call
-TRACED = contextvars.ContextVar("ssaexec_guards_traced", default=False)
+# Set while a segment is traced for a compiler (runtime.inductor), to a context manager
+# under which torch calls are not traced: a check that reads values on the host would
+# run once, at trace time, and be gone from the compiled graph, so it is also traced as
+# an assertion in the graph (``_assert``), run at every call. The trace runs the kernels
+# on real values, so the check still runs then too, untraced, before the kernel.
+TRACED = contextvars.ContextVar("ssaexec_guards_traced", default=None)
 
 INDEX, SHAPE, LAYOUT, SIZE, VALUE = "index", "shape", "layout", "size", "value"
 
@@ -218,14 +220,21 @@ def _index_range(op, name, t, lo, hi, what, cpu_checks=False):
         return
     if t.dtype in (torch.bool, torch.uint8) or t.dtype.is_floating_point or t.is_complex():
         return  # masks and non-index dtypes: the kernel refuses or checks them itself
-    traced = TRACED.get()
-    if cpu_checks and t.device.type == "cpu" and not traced:
-        return  # the CPU kernel checks; elsewhere its check is a device-side assert
-    mn, mx = torch.aminmax(t)
-    if traced:  # a compiler replaces the kernel and its checks: assert in the graph
+    untraced = TRACED.get()
+    if untraced is not None:  # a compiler replaces the kernel and its checks
+        with untraced():
+            _host_range(op, name, t, lo, hi, what)  # the trace runs the kernel too
+        mn, mx = torch.aminmax(t)
         _assert(op, (mn >= lo) & (mx < hi),
                 f"argument {name!r} holds a value outside [{lo}, {hi}) ({what})")
-        return
+    elif not (cpu_checks and t.device.type == "cpu"):
+        # (a CPU kernel that checks for itself needs nothing; elsewhere its check is a
+        # device-side assert)
+        _host_range(op, name, t, lo, hi, what)
+
+
+def _host_range(op, name, t, lo, hi, what):
+    mn, mx = torch.aminmax(t)
     mn, mx = int(mn), int(mx)
     if mn < lo or mx >= hi:
         bad = mn if mn < lo else mx

@@ -224,6 +224,10 @@ class _CompiledSegment:
                     fn = self._compile(inputs)
             except _Refused as e:
                 return self._refuse(str(e))
+            except SSAExecError:
+                # a guard refused these inputs while tracing: the generated code raises
+                # the same error, naming the op (and the segment stays compilable)
+                return self.fallback()
             except Exception as e:  # noqa: BLE001 - any failure of tracing or Inductor
                 return self._refuse(f"Inductor could not compile it ({type(e).__name__}: "
                                     f"{_first_line(e)})")
@@ -289,7 +293,7 @@ class _CompiledSegment:
 
     def _compile(self, inputs):
         from torch._inductor.compile_fx import compile_fx
-        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
         body, loads, stores = self.seg.lowered.fn, self.loads, self.stores
 
         n_loads = len(loads)
@@ -308,7 +312,7 @@ class _CompiledSegment:
         # tracing runs the kernels: on copies, so the step is not applied twice; the
         # learning rate stays an input (a schedule changes it between steps)
         copies = [t.clone() for t in inputs]
-        tokens = LR_AS_TENSOR.set(True), TRACED.set(True)
+        tokens = LR_AS_TENSOR.set(True), TRACED.set(disable_proxy_modes_tracing)
         try:
             gm = make_fx(pure, tracing_mode="real")(*copies)
         finally:
