@@ -48,6 +48,7 @@ class; its parts live beside it: ``step_programs`` (the per-phase programs),
 """
 
 import contextlib
+import copy
 import time
 import weakref
 
@@ -309,8 +310,12 @@ class ParallelExecutor:
         _, compiled, _, _, compiler = key
         runner = self._runners.get(key)
         if runner is None:
-            graph = build_ssa_graph(self.program_for(phase), self.places, self.build_strategy,
-                                    list(fetch))
+            build = self.build_strategy
+            if compiler is not None and build.fuse_all_reduce_ops is None:
+                # compiled segments: buckets by default (BuildStrategy.fuse_all_reduce_ops)
+                build = copy.copy(build)
+                build.fuse_all_reduce_ops = True
+            graph = build_ssa_graph(self.program_for(phase), self.places, build, list(fetch))
             graph.lint()
             if compiler == "inductor":
                 runner = Runner(graph, self.local_scopes, self._collective, self._scheduler,

@@ -36,7 +36,10 @@ class BuildStrategy:
         default): buckets when the executor is one process of several, as DDP does
         (each bucket is one network call instead of one per gradient: 2.2x the
         images/sec of 2 gloo processes on docs/benchmarks.md's quick ResNet-18), one
-        all-reduce per gradient in one process (``fuses_all_reduce()``).
+        all-reduce per gradient in one process (``fuses_all_reduce()``). Under
+        ``ExecutionStrategy(compiler=...)``, None means buckets in one process too:
+        only a bucket's last gradient cuts a segment (``runtime.node_graph``), so each
+        place compiles a few large graphs rather than one per gradient.
     num_trainers, trainer_id : int
         Processes in a multi-process run and this one's rank.
     debug_distributed : bool

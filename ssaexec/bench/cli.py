@@ -34,7 +34,8 @@ __all__ = ["MODES", "DEFAULT_MODES", "SCHEMA", "PRESETS", "add_arguments", "sett
 
 DESCRIPTION = "Benchmark harness: images/sec of one model trained in several modes, in one run."
 
-MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "ssaexec-from-torch",
+MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "torch-compile-ddp",
+         "ssaexec-from-torch",
          "ssaexec-nproc", "ssaexec-inductor")
 DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"

@@ -1,4 +1,7 @@
-"""The ``torch-ddp`` peer: the twin under ``DistributedDataParallel``, one process per place.
+"""The ``torch-ddp`` peer: the twin under ``DistributedDataParallel``, one process per place;
+``torch-compile-ddp``: the same, compiled by ``torch.compile`` (dynamo's DDPOptimizer
+splits the graph at DDP's bucket boundaries, so each bucket's all-reduce overlaps the
+next part's backward; ``compile_s`` is rank 0's first step, taken before the warm-up).
 
 Policy. The worker that runs the mode is rank 0; ranks 1..n-1 are spawned with
 ``torch.multiprocessing`` (``spawn``) and follow rank 0's commands through
@@ -18,6 +21,7 @@ rank 0, which raises it; one that dies silently is noticed by its exit code.
 import datetime
 import socket
 import statistics
+import time
 import traceback
 
 from ..place import available_cores
@@ -49,13 +53,21 @@ class DDPRank(EagerTrainer):
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 timeout=datetime.timedelta(seconds=120))
         self.baseline = rss_mb()
+        self.compiled = cfg["mode"] == "torch-compile-ddp"
         super().__init__(cfg, rank)
         self.threads = torch.get_num_threads()
+        self.compile_s = None
+        if self.compiled:  # every rank compiles; the collectives meet in the first step
+            t0 = time.perf_counter()
+            self.step()
+            self.sync()
+            self.compile_s = time.perf_counter() - t0
 
     def wrap(self, model):
         import torch
-        return torch.nn.parallel.DistributedDataParallel(
+        ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[self.rank] if self.cuda else None)
+        return torch.compile(ddp) if self.compiled else ddp
 
     def window(self, steps, on_step):
         """A timed window that starts on every rank at once (after a barrier)."""
@@ -116,6 +128,7 @@ class DDPGroup:
         self.warmup = [statistics.fmean(v) for v in zip(*warm)]
         self.baseline = (self.rank0.baseline or 0) + sum(m[3] or 0 for m in ready)
         self.threads = self.rank0.threads
+        self.compile_s = self.rank0.compile_s
 
     def _collect(self, kind):
         import queue

@@ -39,6 +39,11 @@ TARGETS = [
     ("ssaexec@N / torch-ddp@N images/sec", ("ssaexec", "N"), ("torch-ddp", "N"), "ips", ">=",
      1.0),
     ("ssaexec@N / ssaexec@1 images/sec", ("ssaexec", "N"), ("ssaexec", 1), "ips", ">=", 1.5),
+    # issue 32: segments compiled by Inductor against torch.compile and torch.compile + DDP
+    ("ssaexec-inductor@1 / torch-compile images/sec", ("ssaexec-inductor", 1),
+     ("torch-compile", 1), "ips", ">=", 2.0),
+    ("ssaexec-inductor@N / torch-compile-ddp@N images/sec", ("ssaexec-inductor", "N"),
+     ("torch-compile-ddp", "N"), "ips", ">=", 1.5),
 ]
 
 
@@ -184,7 +189,8 @@ def plot(result, path):
         if r.get("error") is None and r["mode"] not in modes:
             modes.append(r["mode"])
     markers = {"seq": "s", "ssaexec": "o", "torch-eager": "D", "torch-ddp": "^",
-               "ssaexec-from-torch": "v", "ssaexec-nproc": "P"}
+               "ssaexec-from-torch": "v", "ssaexec-nproc": "P", "torch-compile-ddp": "<",
+               "ssaexec-inductor": "*"}
     for k, mode in enumerate(modes):
         rs = sorted((r for r in result["runs"] if r["mode"] == mode and r.get("error") is None),
                     key=lambda r: r["places"])

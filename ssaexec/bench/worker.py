@@ -161,7 +161,7 @@ def serve():
         torch.manual_seed(cfg["settings"]["seed"])
         mode = cfg["mode"]
         t0 = time.perf_counter()
-        if mode == "torch-ddp":
+        if mode in ("torch-ddp", "torch-compile-ddp"):
             peer = group = DDPGroup(cfg, on_step)
             warm, baseline, threads = group.warmup, group.baseline, group.threads
         else:
