@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast bench gpu-check fuzz install graphviz chromium clean
+.PHONY: demo test test-fast test-inductor bench gpu-check fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -74,6 +74,12 @@ test: $(STAMP) graphviz chromium
 # everything but the tests marked slow (real processes, benchmarks, big models): < 1 min
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# the whole suite with every ExecutionStrategy compiling its segments with Inductor
+# (SSAEXEC_COMPILER=inductor); tests/conftest.py's INDUCTOR_EXCEPTIONS skips, with why, the
+# tests that cannot hold then. Slow: each executor compiles its first steps.
+test-inductor: $(STAMP)
+	SSAEXEC_COMPILER=inductor $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py

@@ -4,6 +4,8 @@ Plain attribute bags with validation, so a typo fails at construction instead
 of silently doing the default.
 """
 
+import os
+
 from .errors import SSAExecError
 
 __all__ = ["BuildStrategy", "ExecutionStrategy"]
@@ -164,7 +166,9 @@ class ExecutionStrategy:
         With ``compiled``: None (default) runs each segment's generated code;
         "inductor" compiles each segment with Inductor (``runtime.inductor``; one
         place in one process: the whole step as one graph). A segment it cannot
-        compile runs its generated code, with one line saying why.
+        compile runs its generated code, with one line saying why. None with the
+        environment variable ``SSAEXEC_COMPILER`` set takes its value (``make
+        test-inductor`` runs the suite so).
     """
 
     __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled", "amp_allreduce",
@@ -181,6 +185,8 @@ class ExecutionStrategy:
         self.amp_allreduce = _check("amp_allreduce", amp_allreduce, ("fp32", "low"))
         self.torch_threads = torch_threads
         self.compiled = bool(compiled)
+        if compiler is None:  # make test-inductor: every strategy compiles
+            compiler = os.environ.get("SSAEXEC_COMPILER") or None
         self.compiler = _check("compiler", compiler, (None, "inductor"))
         self.cuda_graph = bool(cuda_graph)
         if cuda_graph_warmup < 1 or cuda_graph_cache < 1:

@@ -7,7 +7,20 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+# make test-inductor (SSAEXEC_COMPILER=inductor: every ExecutionStrategy compiles its
+# segments with Inductor): the tests that cannot hold then, each with why. Keys are node
+# id prefixes.
+INDUCTOR_EXCEPTIONS = {
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("SSAEXEC_COMPILER") == "inductor":
+        for item in items:
+            why = next((w for k, w in INDUCTOR_EXCEPTIONS.items()
+                        if item.nodeid.startswith(k)), None)
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=f"under SSAEXEC_COMPILER: {why}"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: torch sees no GPU on this machine")
