@@ -11,6 +11,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 # segments with Inductor): the tests that cannot hold then, each with why. Keys are node
 # id prefixes.
 INDUCTOR_EXCEPTIONS = {
+    "tests/test_checkpoint.py::test_resume_equals_training_straight_through":
+        "bit for bit: the resumed run records its first step uncompiled where the straight "
+        "run is compiled; fused kernels round the last bit differently",
+    "tests/test_eval.py::test_an_eval_executor_sees_the_running_statistics_trained_after":
+        "bit for bit against an executor that compiles on other steps (last-bit rounding)",
+    "tests/test_inductor.py": "compares the compiler with the compiled path: needs both",
 }
 
 
