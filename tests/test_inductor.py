@@ -68,12 +68,21 @@ def _close(a, b, tol):
     (lambda: se.optimizer.SGD(0.1), 2, (None, 0.05, 0.2)),  # the rate changes: an input
 ])
 def test_inductor_steps_equal_the_compiled_path_in_float64(opt, places, lrs):
+    from torch._dynamo.utils import counters
     ref_losses, ref_params, _ = _train(opt(), places, None, lrs)
     losses, params, lowering = _train(opt(), places, "inductor", lrs)
     assert lowering.fallbacks == [] and lowering.compiles >= 1
     assert _close(losses, ref_losses, 1e-6)
     # with a rate baked into the graph at its first value, steps 2 and 3 would differ
     assert _close(params.values(), ref_params.values(), 1e-6)
+    # the same program again (as a second process would): every graph comes from
+    # Inductor's on-disk cache, none bypasses it (bench/inductor_cache.py times it)
+    hits, bypass = (counters["inductor"][k] for k in ("fxgraph_cache_hit",
+                                                      "fxgraph_cache_bypass"))
+    again, _, lowering = _train(opt(), places, "inductor", lrs)
+    assert counters["inductor"]["fxgraph_cache_hit"] - hits == lowering.compiles
+    assert counters["inductor"]["fxgraph_cache_bypass"] == bypass
+    assert all(torch.equal(a, b) for a, b in zip(again, losses, strict=True))
 
 
 def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():

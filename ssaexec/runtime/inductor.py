@@ -20,7 +20,10 @@ Per segment, in order:
    Inductor is known to be wrong (``_alpha_as_mul``), and compiled, with
    Inductor rounding low-precision intermediates as eager does
    (``emulate_precision_casts``: AMP's bf16 steps then equal the compiled path's
-   to float32 rounding, 3e-8 after two Adam updates, instead of 1.6e-4). In-place
+   to float32 rounding, 3e-8 after two Adam updates, instead of 1.6e-4). The
+   compile runs in a tracing context with a shape env, which Inductor's FX graph
+   cache needs (without one it bypasses the cache): a second process running the
+   same program loads every graph from Inductor's on-disk cache. In-place
    updates of parameters stay in place: Inductor copies mutated inputs back.
    Progress: a line before and after each compile (on stderr, or ``notes``). One
    compile runs at a time in the process (places' threads take turns).
@@ -292,7 +295,10 @@ class _CompiledSegment:
         self.loads, self.stores = loads, stores
 
     def _compile(self, inputs):
+        from torch._guards import TracingContext, tracing
         from torch._inductor.compile_fx import compile_fx
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
         from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
         body, loads, stores = self.seg.lowered.fn, self.loads, self.stores
 
@@ -325,8 +331,12 @@ class _CompiledSegment:
         self.lowering.say(f"ssaexec: compiling {seg.place} segment {seg.id} "
                           f"({len(seg.handles)} ops) with Inductor ...")
         t0 = time.perf_counter()
-        with torch._inductor.config.patch(emulate_precision_casts=True):
-            fn = compile_fx(gm, copies)
+        # a tracing context whose fake mode has a shape env: without one Inductor bypasses
+        # its FX graph cache ("No shape env"), and a second process compiles everything
+        # again; ignore_shape_env keeps the example inputs' static shapes
+        context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+        with tracing(context), torch._inductor.config.patch(emulate_precision_casts=True):
+            fn = compile_fx(gm, copies, ignore_shape_env=True)
         self.lowering.compiles += 1
         self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
                           f"{time.perf_counter() - t0:.1f} s")

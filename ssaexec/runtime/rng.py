@@ -31,7 +31,7 @@ replay, and a fixed seed means the same mask every step).
 """
 
 import contextlib
-import itertools
+import hashlib
 import threading
 
 import torch
@@ -85,9 +85,10 @@ def seeded(seed, device):
 
 # --- compiled graphs -------------------------------------------------------------------------
 # call key -> (ATen overload, args and kwargs with tensors as _Slot(k), device): what a
-# ``seeded_call`` node runs. In-process only: a compiled graph names its calls by key.
+# ``seeded_call`` node runs. A key is a hash of what it maps to, so the same call gets the
+# same key in every process (the graphs that name it hit Inductor's on-disk cache), and a
+# graph loaded from that cache finds its calls once this process has traced it.
 _CALLS = {}
-_CALL_IDS = itertools.count()
 
 
 class _Slot:
@@ -95,6 +96,9 @@ class _Slot:
 
     def __init__(self, k):
         self.k = k
+
+    def __repr__(self):
+        return f"_Slot({self.k})"
 
 
 def register_call(func, args, kwargs, device):
@@ -109,8 +113,9 @@ def register_call(func, args, kwargs, device):
             return type(a)(slot(x) for x in a)
         return a
 
-    template = (tuple(slot(a) for a in args), {k: slot(v) for k, v in kwargs.items()})
-    key = f"call{next(_CALL_IDS)}"
+    template = (tuple(slot(a) for a in args), {k: slot(v) for k, v in sorted(kwargs.items())})
+    text = repr((str(func), template, str(device)))
+    key = "call_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     _CALLS[key] = (func, template, str(device))
     return key, tensors
 
