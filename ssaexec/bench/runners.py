@@ -29,7 +29,7 @@ import resource
 import sys
 import time
 
-from .models import build_program, from_torch_program, initial_twin, load_twins, \
+from .models import IMPORTED, build_program, from_torch_program, initial_twin, load_twins, \
     place_samples, torch_optimizer
 
 __all__ = ["Trainer", "SeqTrainer", "ParallelTrainer", "FromTorchTrainer", "EagerTrainer",
@@ -180,6 +180,13 @@ class InductorTrainer(FromTorchTrainer):
     are timed apart (``compile_s``), before the warm-up."""
 
     compiler = "inductor"
+
+    def program(self, s, x, y):
+        # a torch-only model (transformer, hf-*) is imported as the ssaexec mode imports it
+        # (its loss inside, the builder's feed names); the others as ssaexec-from-torch
+        if s["model"] in IMPORTED:
+            return ParallelTrainer.program(self, s, x, y)
+        return super().program(s, x, y)
 
     def __init__(self, cfg, places=None, first_place=0):
         super().__init__(cfg, places, first_place)
