@@ -32,10 +32,16 @@ Per segment, in order:
 
 Fallback. A segment that cannot be compiled runs its generated code, as on the
 compiled path, and says so once, on one line, naming the segment and the reason
-(``fallbacks`` keeps them, for ``ssaexec stats``): a draw outside a
-seeded op (see Random numbers), control ops (their sub-blocks run on our scheduler), values in the scope that are not tensors, a
+(``fallbacks`` keeps them; ``inductor_summary`` says before any run which
+segments control ops keep uncompiled, for ``ssaexec stats``): a draw outside a
+seeded op or two under one seed (see Random numbers), control ops (their
+sub-blocks run on our scheduler), values in the scope that are not tensors, a
 trace or a compile that fails. A step never fails because Inductor could not
 compile it.
+
+Atomic steps. A compiled graph's kernels may update state in any order, so the
+commit phase is always a segment of its own here (``SegmentLowering(atomic=True)``),
+one place in one process included: forward and backward, then the updates.
 
 Random numbers. A random op (dropout) draws from its per-step seed
 (``runtime.rng``), and so does its compiled graph: the record run notes which
@@ -45,9 +51,13 @@ becomes one ``ssaexec::seeded_call`` node whose seed is a graph input; each
 step passes that step's seeds. Inductor runs the call as it is (the draw is not
 fused; what reads the mask is), so the masks are the compiled path's, bit for bit.
 
-Errors. An error raised by a compiled segment names the segment, its place and
-its ops' types (the op inside fused code cannot be told); the same inputs on the
-generated code name the op and its program line.
+Errors. A compiled segment outside the commit phase that raises (an index out of
+range, a kernel guard's assertion: ``ops.guards.TRACED``) has changed nothing that
+outlives the step, so its generated code runs on the same inputs and raises the
+compiled path's error, naming the op (if it does not raise, its results stand and
+the segment runs uncompiled from then on). A commit segment that raises names the
+segment, its place and its ops' types (the op inside fused code cannot be told),
+and the runner reports it as it does any failure of the commit phase.
 
 Known Inductor defect worked around (torch 2.13, CPU and CUDA): the pattern that
 turns ``add(x, mm(a, b), alpha=s)`` into ``addmm`` drops ``alpha`` (pytorch
