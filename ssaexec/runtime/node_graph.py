@@ -21,9 +21,8 @@ The partition, with ``segments``:
    last one cuts, the others do not) and a new
    one starts before a handle that waits for a collective the run does not
    already follow, except that a place's optimizer updates stay one run waiting
-   for all their collectives, and the collectives that wait for them (the
-   broadcasts of ZeRO and of the reduce strategy) wait for the whole run (so the
-   updates fuse, as ``torch.optim`` steps after the backward pass). A collective of one place in one process does nothing and
+   for all their collectives (so they fuse, as ``torch.optim`` steps after the
+   backward pass). A collective of one place in one process does nothing and
    cuts nothing (``noop_collectives``), so a one-place step is one segment.
    Every external edge then enters a segment at its start and leaves at its
    end, so the node graph is acyclic whenever the SSA graph is.
@@ -283,10 +282,8 @@ def _segments(graph, noop_collectives, atomic, late):
         updates_only[pi] = updates_only[pi] and updating
         seg.handles.append(h)
         node_of[h.id] = seg
-        if h.id in feeds_multi and not (updating and updates_only[pi]):
+        if h.id in feeds_multi:
             current[pi] = None  # a collective waits for this handle: end the run here
-        # (a run of updates goes on: the broadcasts of ZeRO and of the reduce strategy
-        # wait for the place's whole update, which fuses, instead of one segment each)
     for k, node in enumerate(nodes):
         node.id = k
     return nodes, node_of
