@@ -88,6 +88,8 @@ def split_batch(tensor, n, name="feed"):
     if b < n:
         raise FeedError(f"feed {name!r} has batch size {b} but there are {n} places: every "
                         "place needs at least one sample")
+    if n == 1:
+        return [tensor]  # one place takes the whole batch (a split would only make a view)
     base, extra = divmod(b, n)
     sizes = [base + (1 if i < extra else 0) for i in range(n)]
     return list(torch.split(tensor, sizes))

@@ -194,7 +194,13 @@ class _Refused(Exception):
 
 
 def _signature(values):
-    return tuple((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device)) for t in values)
+    """What picks a compiled graph: each input's shape, strides, dtype and device. Built
+    every step for each segment (tens of inputs), so from the tensors' own hashable
+    attributes, with no conversions; a value that is not a tensor has no such signature."""
+    try:
+        return tuple([(t.shape, t.stride(), t.dtype, t.device) for t in values])
+    except (AttributeError, TypeError):
+        return None
 
 
 class _CompiledSegment:
@@ -220,16 +226,19 @@ class _CompiledSegment:
         scope = self.scopes[self.seg.place_idx]
         if self.loads is None:
             return self._record(scope)
-        inputs = [scope.find_var(n) for n in self.loads]
-        if not all(isinstance(t, torch.Tensor) for t in inputs):
-            bad = next(n for n, t in zip(self.loads, inputs, strict=True)
-                       if not isinstance(t, torch.Tensor))
-            return self._refuse(f"its input {bad!r} is not a tensor")
-        step = self.ns["_step"][0]
-        inputs += [torch.tensor(op_seed(*d, step)) for d in self.draws]
+        find, get = scope.find_var, scope.vars.get
+        inputs = [t if (t := get(n)) is not None else find(n) for n in self.loads]
+        if self.draws:
+            step = self.ns["_step"][0]
+            inputs += [torch.tensor(op_seed(*d, step)) for d in self.draws]
         key = _signature(inputs)
         fn = self.graphs.get(key)
         if fn is None:
+            # a new signature (or none): checked here, not on every step
+            bad = next((n for n, t in zip(self.loads, inputs)
+                        if not isinstance(t, torch.Tensor)), None)
+            if bad is not None:
+                return self._refuse(f"its input {bad!r} is not a tensor")
             if len(self.graphs) >= MAX_SIGNATURES:
                 return self.fallback()  # more shapes than kept: this one runs uncompiled
             try:
@@ -249,9 +258,7 @@ class _CompiledSegment:
             outs = fn(*inputs)
         except Exception as e:
             return self._failed(e)
-        vars_ = scope.vars
-        for n, v in zip(self.stores, outs, strict=True):
-            vars_[n] = v
+        scope.vars.update(zip(self.stores, outs))  # one output per recorded store
 
     def _failed(self, e):
         """The compiled graph raised ``e``. Outside the commit phase it wrote nothing that
