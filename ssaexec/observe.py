@@ -9,6 +9,11 @@ says, and the executor chooses that path itself (``ParallelExecutor._runner``): 
 user's ``ExecutionStrategy`` object is never written, since other executors and
 threads may share and read it.
 
+Nodes. ``observe(..., nodes=True)`` keeps the path the strategy chose (compiled,
+and with ``compiler="inductor"`` each segment compiled) and calls back once per node
+of its node graph: a segment (a compiled run of one place's ops) is one callback.
+``ssaexec trace --compiler inductor`` draws those.
+
 Invariant: on leaving ``instrumented``, even by an exception, every runner's ``fns``
 holds exactly the functions it held on entering.
 """
@@ -27,10 +32,7 @@ def observed(op, fn, on_op, cuda_sync):
     (``time.perf_counter_ns`` clock; also when ``fn`` raises). ``cuda_sync``
     synchronises ``op``'s CUDA devices before the end time."""
     clock = time.perf_counter_ns
-    devices = ()
-    if cuda_sync:
-        devices = ({op.place.device} if op.place.is_cuda else set()) if op.on_one_place \
-            else {p.device for p in op.places if p.is_cuda}
+    devices = _cuda_devices(op) if cuda_sync else ()
 
     def wrapper():
         t0 = clock()
@@ -43,14 +45,23 @@ def observed(op, fn, on_op, cuda_sync):
     return wrapper
 
 
+def _cuda_devices(op):
+    """The CUDA devices ``op`` (an op handle, or a node: its handles') runs on."""
+    places = set()
+    for h in getattr(op, "handles", None) or (op,):
+        places.update((h.place,) if h.on_one_place else h.places)
+    return {p.device for p in places if p.is_cuda}
+
+
 @contextlib.contextmanager
-def instrumented(runners, on_op, cuda_sync=False):
+def instrumented(runners, on_op, cuda_sync=False, nodes=False):
     """Wrap every op handle function of the readable ``runners`` with ``observed`` inside
-    the block; yields None."""
+    the block (with ``nodes``, every node function of any runner: ``on_op`` then gets the
+    node, ``runtime.node_graph``); yields None."""
     originals = [list(r.fns) for r in runners]
     try:
         for runner in runners:
-            for op in runner.graph.ops:
+            for op in (runner.nodes if nodes else runner.graph.ops):
                 runner.fns[op.id] = observed(op, runner.fns[op.id], on_op, cuda_sync)
         yield
     finally:

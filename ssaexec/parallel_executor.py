@@ -411,7 +411,7 @@ class ParallelExecutor:
         return self._scheduler.num_threads
 
     @contextlib.contextmanager
-    def observe(self, fetch_list, on_op, cuda_sync=False):
+    def observe(self, fetch_list, on_op, cuda_sync=False, nodes=False):
         """Call ``on_op`` around every op handle of the steps run inside the block.
 
         ``on_op(handle, thread_ident, start_ns, end_ns)`` is called once per op
@@ -422,14 +422,19 @@ class ParallelExecutor:
         Yields the SSA graph whose handles ``on_op`` receives (with gradient
         accumulation, the full step's; micro-batches that only accumulate report the
         handles of ``graph(fetch_list, "accumulate")``).
+
+        With ``nodes``, the steps run on the path the strategy chose, and ``on_op`` is
+        called once per node of the runner's node graph (``runtime.node_graph``: a
+        compiled segment is one node, whose ``handles`` are its ops); yields that
+        ``NodeGraph`` (its ``graph`` is the SSA graph).
         """
         fetch = fetch_names(fetch_list)
-        observing, self._observing = self._observing, True
+        observing, self._observing = self._observing, not nodes
         try:
             phases = ["apply"] + (["accumulate"] if self.program_for("accumulate") else [])
             runners = [self._runner(fetch, phase) for phase in phases]
-            with instrumented(runners, on_op, cuda_sync):
-                yield runners[0].graph
+            with instrumented(runners, on_op, cuda_sync, nodes):
+                yield runners[0].node_graph if nodes else runners[0].graph
         finally:
             self._observing = observing
 

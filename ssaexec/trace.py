@@ -18,6 +18,14 @@ end. ``chrome_trace`` turns the records into ``{"traceEvents": [...]}``:
 * one ``"X"`` event per step (``cat`` ``"step"``) in a ``steps`` lane, and
   ``"M"`` metadata events naming and ordering the lanes and threads.
 
+Compiled segments. With ``nodes=True`` (``ssaexec trace --compiler inductor``) the
+steps run on the path the strategy chose and each node of its node graph is one
+slice: a segment (a run of one place's ops, compiled by Inductor under that
+compiler) is named ``segment(N ops from ...)``, ``cat`` ``"segment"``, with
+``args.segment`` (its node id), ``args.ops`` (its ops' names, in order) and
+``args.op_ids``; a node that is one op handle (a collective, a fetch) is drawn as
+above.
+
 Timing caveat: on CUDA places an op's function returns once its kernels are
 queued, so slices show host-side launch time unless ``cuda_sync=True``, which
 synchronises the op's device after every op (accurate, but serialising).
@@ -37,6 +45,7 @@ import time
 from .errors import SSAExecError
 from .executor import fetch_names
 from .ops.sparse import nbytes
+from .runtime.node_graph import Segment
 
 __all__ = ["OpTimer", "TraceResult", "trace_steps", "chrome_trace", "write_chrome_trace"]
 
@@ -65,20 +74,23 @@ class OpTimer:
         self.records.append((self.step, op.id, ident, start_ns, end_ns))  # atomic append
         if self.scopes is not None:
             sizes = {}
-            for v in op.outputs:
-                t = None if v.is_dummy else self.scopes[v.place_idx].find_var(v.name)
-                if t is not None:
-                    sizes[_var_label(v, not op.on_one_place)] = nbytes(t)
+            for h in getattr(op, "handles", None) or (op,):  # a node: its handles' outputs
+                for v in h.outputs:
+                    t = None if v.is_dummy else self.scopes[v.place_idx].find_var(v.name)
+                    if t is not None:
+                        sizes[_var_label(v, not h.on_one_place)] = nbytes(t)
             self.output_bytes[(self.step, op.id)] = sizes
 
 
 class TraceResult:
     """What ``trace_steps`` measured: op records, step spans and fetched values."""
 
-    __slots__ = ("graph", "records", "threads", "steps", "fetched", "output_bytes")
+    __slots__ = ("graph", "records", "threads", "steps", "fetched", "output_bytes", "nodes")
 
-    def __init__(self, graph, records, threads, steps, fetched, output_bytes=None):
+    def __init__(self, graph, records, threads, steps, fetched, output_bytes=None,
+                 nodes=None):
         self.graph = graph
+        self.nodes = nodes          # the NodeGraph whose node ids the records hold, or None
         self.records = records
         self.threads = threads
         self.steps = steps          # [(step, start_ns, end_ns)]
@@ -88,11 +100,11 @@ class TraceResult:
     def to_chrome(self, metadata=None):
         """The Chrome trace dict (see the module docstring)."""
         return chrome_trace(self.graph, self.records, self.threads, self.steps, metadata,
-                            self.output_bytes)
+                            self.output_bytes, self.nodes)
 
 
 def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step=None,
-                memory=False):
+                memory=False, nodes=False):
     """Run ``warmup`` untimed steps, then ``steps`` traced steps of ``pe``.
 
     Parameters
@@ -109,6 +121,9 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
         ``on_step(k, fetched, seconds)`` after every traced step (1-based ``k``).
     memory : bool
         Also record the bytes of every var each op wrote (``args.output_bytes``).
+    nodes : bool
+        One slice per node of the path the strategy chose (a compiled segment is one;
+        see the module docstring) instead of one per op handle on the readable path.
 
     Returns
     -------
@@ -120,7 +135,7 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
         pe.run(fetch_list=list(fetch), feed=feed_of(k))
     spans, fetched = [], []
     timer = OpTimer(pe.local_scopes if memory else None)
-    with pe.observe(fetch, timer, cuda_sync) as graph:
+    with pe.observe(fetch, timer, cuda_sync, nodes) as observed:
         for s in range(1, steps + 1):
             timer.step = s
             feed = feed_of(warmup + s - 1)
@@ -131,8 +146,9 @@ def trace_steps(pe, feeds, fetch_list, steps, warmup=0, cuda_sync=False, on_step
             fetched.append(values)
             if on_step is not None:
                 on_step(s, values, (t1 - t0) / 1e9)
+    graph = observed.graph if nodes else observed
     return TraceResult(graph, list(timer.records), dict(timer.threads), spans, fetched,
-                       dict(timer.output_bytes))
+                       dict(timer.output_bytes), observed if nodes else None)
 
 
 def _lanes(graph):
@@ -148,8 +164,15 @@ def _var_label(v, with_place):
     return f"{v.name}@v{v.version}" + (f"[{v.place}]" if with_place else "")
 
 
-def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=None):
-    """Build the Chrome trace dict from ``OpTimer`` records (see the module docstring)."""
+def _segment_args(seg):
+    return {"segment": seg.id, "ops": [h.name for h in seg.handles],
+            "op_ids": [h.id for h in seg.handles]}
+
+
+def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=None,
+                 nodes=None):
+    """Build the Chrome trace dict from ``OpTimer`` records (see the module docstring);
+    with ``nodes`` (a ``NodeGraph`` of ``graph``) the records hold its node ids."""
     lane_names, coll_pid, fetch_pid, step_pid = _lanes(graph)
     origin = min([r[3] for r in records] + [s[1] for s in steps], default=0)
     tids = {}
@@ -163,7 +186,12 @@ def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=
         return t
 
     for step, op_id, ident, t0, t1 in sorted(records, key=lambda r: (r[3], r[1])):
-        op = graph.ops[op_id]
+        key = (step, op_id)
+        op = graph.ops[op_id] if nodes is None else nodes.nodes[op_id]
+        seg = op if isinstance(op, Segment) else None
+        if nodes is not None and seg is None:
+            op = op.handles[0]  # a node of one handle is drawn as that handle
+            op_id = op.id
         if op.on_one_place:
             pid = op.place_idx + 1
         else:
@@ -171,12 +199,15 @@ def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=
         tid = tid_of(ident)
         used.add((pid, tid))
         multi = pid > len(graph.places)
-        args = {"step": step, "op_id": op_id, "kind": op.kind,
-                "inputs": [_var_label(v, multi) for v in op.inputs if not v.is_dummy],
-                "outputs": [_var_label(v, multi) for v in op.outputs if not v.is_dummy]}
-        args.update(op.details())
-        if output_bytes and (step, op_id) in output_bytes:
-            args["output_bytes"] = output_bytes[(step, op_id)]
+        if seg is not None:
+            args = {"step": step, **_segment_args(seg)}
+        else:
+            args = {"step": step, "op_id": op_id, "kind": op.kind,
+                    "inputs": [_var_label(v, multi) for v in op.inputs if not v.is_dummy],
+                    "outputs": [_var_label(v, multi) for v in op.outputs if not v.is_dummy]}
+            args.update(op.details())
+        if output_bytes and key in output_bytes:
+            args["output_bytes"] = output_bytes[key]
         events.append({"name": op.name, "cat": op.kind, "ph": "X", "pid": pid, "tid": tid,
                        "ts": (t0 - origin) / 1000.0, "dur": max(t1 - t0, 0) / 1000.0,
                        "args": args})
@@ -202,6 +233,8 @@ def chrome_trace(graph, records, threads, steps=(), metadata=None, output_bytes=
                      "args": {"name": "ParallelExecutor.run"}})
     other = {"places": [str(p) for p in graph.places], "op_handles": len(graph.ops),
              "steps": len(steps)}
+    if nodes is not None:
+        other["segments"] = len(nodes.segments)
     other.update(metadata or {})
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 

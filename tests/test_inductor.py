@@ -215,3 +215,47 @@ def test_a_kernel_guard_holds_inside_the_compiled_graph_and_while_tracing():
                     pe.run(["loss"], feed=feed)
             lowering = pe._runner(("loss",)).lowering
             assert lowering.compiles == 1 and lowering.fallbacks == []
+
+
+def test_trace_draws_each_compiled_segment_as_one_slice_with_its_ops():
+    # ssaexec trace --compiler inductor: one slice per node of the compiled path, a
+    # segment listing its ops; the explorer reads the same trace
+    from ssaexec.graph.explorer import explorer_data, trace_summary
+    from ssaexec.trace import trace_steps
+    main, startup, loss = _mlp(se.optimizer.SGD(0.1), depth=1)
+    scope = se.Scope()
+    se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+    pe = se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
+                             exec_strategy=se.ExecutionStrategy(compiler="inductor"))
+    feed = {"x": torch.randn(8, 6, dtype=torch.float64),
+            "y": torch.randn(8, 1, dtype=torch.float64)}
+    try:
+        result = trace_steps(pe, feed, [loss.name], steps=2, warmup=2, nodes=True)
+        lowering = pe._runner((loss.name,)).lowering
+    finally:
+        pe.close()
+    assert lowering.fallbacks == [] and lowering.compiles == 2
+    doc = result.to_chrome({"compiler": "inductor"})
+    segs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "segment"]
+    graph, nodes = result.graph, result.nodes
+    assert len(segs) == 2 * len(nodes.segments) == 4  # forward+backward, update; 2 steps
+    for e in segs:
+        seg = nodes.nodes[e["args"]["segment"]]
+        assert e["args"]["op_ids"] == [h.id for h in seg.handles]
+        assert e["args"]["ops"] == [graph.ops[i].name for i in e["args"]["op_ids"]]
+        assert e["dur"] > 0 and e["pid"] == 1
+    # every op handle of the step is in exactly one traced segment or drawn alone
+    covered = [i for e in segs if e["args"]["step"] == 1 for i in e["args"]["op_ids"]]
+    alone = [e["args"]["op_id"] for e in doc["traceEvents"]
+             if e["ph"] == "X" and e["cat"] not in ("segment", "step")
+             and e["args"]["step"] == 1]
+    assert sorted(covered + alone) == list(range(len(graph.ops)))
+    summary = trace_summary(graph, doc)
+    assert len(summary["segments"]) == 2
+    assert all(summary["seg_of"][i] >= 0 for i in covered)
+    assert all(s["mean_us"] > 0 for s in summary["segments"])
+    assert explorer_data(graph, trace=doc)["trace"]["segments"] == summary["segments"]
+    # a segment slice naming ops of another graph is refused, naming the segment
+    segs[0]["args"]["ops"] = list(reversed(segs[0]["args"]["ops"]))
+    with pytest.raises(SSAExecError, match="segment 0.*does not list op handles"):
+        trace_summary(graph, doc)

@@ -3,6 +3,9 @@
 Setup is ``ssaexec.cli.execute``, as for ``run``; the timing is ``ssaexec.trace``
 (through ``ParallelExecutor.observe``, the executor's per-op callback seam).
 Warm-up steps run untraced first, so that the timeline shows steady-state steps.
+With ``--compiler inductor`` the steps run compiled and each segment is one slice
+with its op list (``trace_steps(nodes=True)``); the warm-up is then at least the two
+steps that record and compile.
 ``--html`` also writes the explorer page of the traced graph with its timeline
 (``ssaexec.graph.explorer``).
 """
@@ -18,12 +21,14 @@ collectives, fetches and steps), one row per thread, one slice per op handle
 per step. Open it at https://ui.perfetto.dev or chrome://tracing. --html also
 writes the interactive explorer page of the graph with the trace: handles
 coloured by measured duration, the critical path, a timeline per place and stream.
+With --compiler inductor each compiled segment is one slice, listing its ops.
 
 examples:
   ssaexec trace examples/seed_mlp.json -o trace.json
   ssaexec trace examples/small_resnet.json -o trace.json --places cpu:4 --steps 5
   ssaexec trace examples/small_resnet.json -o trace.json --places cuda:0,1 --cuda-sync
   ssaexec trace examples/mnist_mlp.json -o trace.json --places cpu:2 --html
+  ssaexec trace examples/seed_mlp.json -o trace.json --compiler inductor
 """
 
 
@@ -37,8 +42,9 @@ def register(add):
                    help="also write the explorer page with this trace (default file: the "
                         "trace's name with .html)")
     execution_options(p, steps_default=3)
-    p.add_argument("--warmup", type=int, default=1,
-                   help="untraced steps first (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untraced steps first (default: 1; 2 with --compiler, which records "
+                        "and compiles in its first two steps)")
     p.add_argument("--cuda-sync", action="store_true",
                    help="synchronise the device after every op on CUDA places so slices show "
                         "device time (serialises; default: host launch time)")
@@ -47,6 +53,9 @@ def register(add):
 
 def cmd_trace(args):
     from .. import trace
+    nodes = args.compiler is not None
+    if args.warmup is None:
+        args.warmup = 2 if nodes else 1
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
     page = None
@@ -64,16 +73,20 @@ def cmd_trace(args):
         print_step(bar, k, args.steps, v, seconds, tag=" (traced)", status=f"loss {v:.4f}")
     try:
         result = trace.trace_steps(s.pe, s.feed_of, [s.loss], args.steps, warmup=args.warmup,
-                                   cuda_sync=args.cuda_sync, on_step=on_step)
+                                   cuda_sync=args.cuda_sync, on_step=on_step, nodes=nodes)
     finally:
         bar.close()
         s.pe.close()
-    doc = result.to_chrome({"program": str(args.program), "batch": s.batch,
-                            "warmup": args.warmup, "cuda_sync": bool(args.cuda_sync)})
+    meta = {"program": str(args.program), "batch": s.batch, "warmup": args.warmup,
+            "cuda_sync": bool(args.cuda_sync)}
+    if nodes:
+        meta["compiler"] = args.compiler
+    doc = result.to_chrome(meta)
     trace.write_chrome_trace(args.output, doc)
-    print(f"wrote {args.output}: {len(result.records)} op slices ({len(result.graph.ops)} op "
-          f"handles x {args.steps} steps) on {len(result.threads)} threads; open it at "
-          "https://ui.perfetto.dev")
+    what = (f"{len(result.nodes.nodes)} nodes, {len(result.nodes.segments)} of them "
+            f"compiled segments" if nodes else f"{len(result.graph.ops)} op handles")
+    print(f"wrote {args.output}: {len(result.records)} slices ({what} x {args.steps} steps) "
+          f"on {len(result.threads)} threads; open it at https://ui.perfetto.dev")
     if page is not None:
         from ..graph.explorer import write_explorer
         size = write_explorer(result.graph, page, trace=doc, source=str(args.program))

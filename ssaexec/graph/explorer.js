@@ -75,6 +75,8 @@
     slicesOf = D.ops.map(() => []);
     T.events.forEach((e, k) => slicesOf[e[0]].push(k));
   }
+  // a slice's label: its op's, or its compiled segment's (events of 5 entries)
+  const sliceLabel = (e) => e.length > 4 ? T.segments[e[4]].n : shortLabel[e[0]];
   function heat(us) {
     // log scale from the fastest to the slowest handle: pale blue -> yellow -> red
     const lo = Math.log(Math.max(minDur, 1e-3)), hi = Math.log(Math.max(maxDur, 1e-3));
@@ -552,6 +554,8 @@
       const sl = slicesOf[i];
       info.append(row("mean time", T.mean_us[i] >= 0 ? fmtUs(T.mean_us[i]) + " over " + sl.length + " slice" + (sl.length === 1 ? "" : "s") : "not run"));
       if (sl.length) info.append(row("per step", sl.map((k) => "step " + T.events[k][1] + ": " + fmtUs(T.events[k][3])).join(", ")));
+      const sk = T.seg_of ? T.seg_of[i] : -1;
+      if (sk >= 0) info.append(row("compiled in", T.segments[sk].n + " · mean " + fmtUs(T.segments[sk].mean_us)));
     }
     box.append(info);
     if (op.a && Object.keys(op.a).length) {
@@ -822,7 +826,7 @@
         if (showCritical && critical.has(e[0])) { c.fillStyle = CRIT; c.fillRect(x, y + TL.laneH - 4, w, 2); }
         if (matchSet.has(e[0])) { c.fillStyle = MATCH; c.fillRect(x, y + 2, w, 2); }
         if (e[0] === selected || e[0] === hoverOp) selSlices.push([x, y, w]);
-        if (w > 40) { c.fillStyle = "#111827"; c.fillText(fitText(c, shortLabel[e[0]], w - 4), x + 2, y + TL.laneH / 2); }
+        if (w > 40) { c.fillStyle = "#111827"; c.fillText(fitText(c, sliceLabel(e), w - 4), x + 2, y + TL.laneH / 2); }
       }
     });
     c.strokeStyle = SEL; c.lineWidth = 2;
@@ -868,7 +872,7 @@
       const k = tlHit(ev.clientX, ev.clientY);
       if (k >= 0) {
         const e = T.events[k];
-        showTip(ev, "#" + e[0] + " " + D.ops[e[0]].n + " · step " + e[1] + " · " + fmtUs(e[3]));
+        showTip(ev, (e.length > 4 ? sliceLabel(e) : "#" + e[0] + " " + D.ops[e[0]].n) + " · step " + e[1] + " · " + fmtUs(e[3]));
       } else hideTip();
     }
   });

@@ -313,9 +313,15 @@ def trace_summary(graph, trace):
 
     Returns a dict: ``events`` (``[op_id, step, ts_us, dur_us]`` per slice),
     ``steps`` (``[step, ts_us, dur_us]``), ``mean_us`` (per op id; -1 when the
-    handle never ran), ``critical`` (op ids of the duration-weighted critical
+    handle never ran alone), ``critical`` (op ids of the duration-weighted critical
     path) and ``critical_us`` (its length). ``SSAExecError`` when the trace was
     not taken of this graph.
+
+    A trace of compiled segments (``ssaexec trace --compiler inductor``: slices with
+    ``args.segment`` and ``args.op_ids``) also gives ``segments`` (``{"n": name,
+    "ops": op ids, "mean_us"}`` each) and ``seg_of`` (per op id, its segment's index
+    or -1); a segment's slice is ``[first op id, step, ts_us, dur_us, segment
+    index]``, and on the critical path a segment weighs its time at its first op.
     """
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
@@ -328,6 +334,7 @@ def trace_summary(graph, trace):
                            "was taken of another program, places or strategy")
     slices, steps = [], []
     total, count = [0.0] * n, [0] * n
+    segments, seg_index, seg_of = [], {}, [-1] * n
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -338,6 +345,13 @@ def trace_summary(graph, trace):
         step = args.get("step") if isinstance(args.get("step"), int) else 0
         if ev.get("cat") == "step":
             steps.append([step, ts, dur])
+            continue
+        if "segment" in args:
+            k = _segment_slice(graph, ev, args, segments, seg_index, seg_of)
+            seg = segments[k]
+            slices.append([seg["ops"][0], step, ts, dur, k])
+            seg["total"] += dur
+            seg["count"] += 1
             continue
         op_id = args.get("op_id")
         if not isinstance(op_id, int) or isinstance(op_id, bool):
@@ -353,9 +367,36 @@ def trace_summary(graph, trace):
         raise SSAExecError("the trace has no op slices (args.op_id); write one with "
                            "'ssaexec trace'")
     mean = [total[i] / count[i] if count[i] else -1 for i in range(n)]
-    length, chain = critical_path(graph, weight=lambda op: max(mean[op.id], 0.0))
-    return {"events": slices, "steps": sorted(steps), "mean_us": mean,
-            "critical": [op.id for op in chain], "critical_us": length}
+    weight = [max(m, 0.0) for m in mean]
+    for seg in segments:
+        seg["mean_us"] = seg.pop("total") / seg.pop("count")
+        weight[seg["ops"][0]] = seg["mean_us"]
+    length, chain = critical_path(graph, weight=lambda op: weight[op.id])
+    out = {"events": slices, "steps": sorted(steps), "mean_us": mean,
+           "critical": [op.id for op in chain], "critical_us": length}
+    if segments:
+        out.update(segments=segments, seg_of=seg_of)
+    return out
+
+
+def _segment_slice(graph, ev, args, segments, seg_index, seg_of):
+    """The index in ``segments`` of the compiled segment ``ev`` times (added when new),
+    after checking that its ops are op handles of ``graph``."""
+    ids, n = args.get("op_ids"), len(graph.ops)
+    if not isinstance(ids, list) or not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in ids) or \
+            [graph.ops[i].name for i in ids] != args.get("ops"):
+        raise SSAExecError(f"trace event {ev.get('name')!r} (segment {args.get('segment')}) "
+                           "does not list op handles of this graph: the trace was taken of "
+                           "another program, places or strategy")
+    key = tuple(ids)
+    k = seg_index.get(key)
+    if k is None:
+        k = seg_index[key] = len(segments)
+        segments.append({"n": str(ev.get("name")), "ops": ids, "total": 0.0, "count": 0})
+        for i in ids:
+            seg_of[i] = k
+    return k
 
 
 # --- the page --------------------------------------------------------------------------------
