@@ -147,10 +147,10 @@ def _why(name, a, b, n, paired):
                 "places cannot add compute on this machine; GPUs or more cores can")
     hint = f"paired per-round ratio {paired:.2f}; " if paired is not None else ""
     if "inductor" in name:
-        # the compiled graphs are the same kernels torch.compile runs, fused further; what
-        # is left is measured there: the host work of a step around them
-        return (f"{hint}the gap is host work around the compiled graphs (docs/benchmarks.md, "
-                "'Segments compiled by Inductor', has the breakdown)")
+        # where the time goes differs by model (host work around the graphs on a small
+        # transformer, the kernels themselves on a large vocabulary): measured there
+        return (f"{hint}docs/benchmarks.md ('Segments compiled by Inductor') says where the "
+                "time goes, model by model")
     if a["device"] == "cpu":
         return (f"{hint}on a {cores}-core CPU with kernel-bound steps both sides run the same "
                 "kernels, so the ratio sits near 1 within the machine's noise (docs/benchmarks"
