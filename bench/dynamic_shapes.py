@@ -17,6 +17,11 @@ The script times, on one place with the same weights and batches:
 * the first step at each new length of the already-warm dynamic executor (nothing is
   rebuilt: it costs a steady step).
 
+``--compiler inductor``: both programs run with ``ExecutionStrategy(compiler="inductor")``
+(a bounded per-shape cache: each new length compiles its own graphs, ``runtime.inductor``),
+and ``torch.compile(model)`` is timed beside them (it recompiles the second length with
+dynamic shapes); the first step at a new length then includes its compile, on both sides.
+
 Prints a table; ``--json`` writes the raw figures with the machine.
 """
 
@@ -51,7 +56,8 @@ def step_time(fn, repeats):
     return statistics.median(times)
 
 
-def run(lengths, batch, d_model, layers, heads, vocab, rounds, steps, threads, log=print):
+def run(lengths, batch, d_model, layers, heads, vocab, rounds, steps, threads, log=print,
+        compiler=None):
     torch.set_num_threads(threads)
     model = load_twins("hf_models").build_hf("hf-llama", d_model=d_model, heads=heads,
                                              layers=layers, vocab=vocab,
@@ -64,7 +70,7 @@ def run(lengths, batch, d_model, layers, heads, vocab, rounds, steps, threads, l
     dims = {k: {1: "seq"} for k in data[lengths[0]]}
     dyn = se.from_torch(model, data[lengths[0]], optimizer=opt, dynamic=dims)
     result = {"import_s": {"dynamic": time.perf_counter() - t, "static": {}}, "first_step_s": {},
-              "step_s": {"dynamic": {}, "static": {}, "eager": {}}}
+              "step_s": {}}
     static = {}
     for n in lengths:
         t = time.perf_counter()
@@ -74,36 +80,50 @@ def run(lengths, batch, d_model, layers, heads, vocab, rounds, steps, threads, l
         + ", ".join(f"{n}: {s:.1f} s" for n, s in result["import_s"]["static"].items()))
 
     place = se.cpu_places(1)
+    strategy = se.ExecutionStrategy(compiler=compiler)
     runners = {}
-    dyn_pe = se.ParallelExecutor(place, *dyn, scope=se.Scope())
+    dyn_pe = se.ParallelExecutor(place, *dyn, scope=se.Scope(), exec_strategy=strategy)
     runners["dynamic"] = lambda n: dyn_pe.run([dyn[2]], feed=data[n])
-    # first steps: warm at the first length, then each new length once
-    runners["dynamic"](lengths[0])
-    runners["dynamic"](lengths[0])
-    for n in lengths:
-        t = time.perf_counter()
-        runners["dynamic"](n)
-        result["first_step_s"][n] = time.perf_counter() - t
-    static_pe = {n: se.ParallelExecutor(place, *static[n], scope=se.Scope()) for n in lengths}
-    runners["static"] = lambda n: static_pe[n].run([static[n][2]], feed=data[n])
     eager_opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
-    def eager(n):
-        eager_opt.zero_grad(set_to_none=True)
-        model(**data[n]).loss.backward()
-        eager_opt.step()
-    runners["eager"] = eager
+    def torch_step(fn):
+        def step(n):
+            eager_opt.zero_grad(set_to_none=True)
+            fn(**data[n]).loss.backward()
+            eager_opt.step()
+        return step
+    # with a compiler, torch.compile is the peer: it recompiles the second length with
+    # dynamic shapes (automatic dynamic) where we compile one graph per length
+    first = {"dynamic": runners["dynamic"]}
+    if compiler is not None:
+        first["torch.compile"] = torch_step(torch.compile(model))
+    # first steps: warm at the first length (the compiler records, then compiles), then
+    # each new length once
+    for k, fn in first.items():
+        fn(lengths[0])
+        fn(lengths[0])
+        result["first_step_s"].setdefault(k, {})
+        for n in lengths:
+            t = time.perf_counter()
+            fn(n)
+            result["first_step_s"][k][n] = time.perf_counter() - t
+    static_pe = {n: se.ParallelExecutor(place, *static[n], scope=se.Scope(),
+                                        exec_strategy=strategy) for n in lengths}
+    runners["static"] = lambda n: static_pe[n].run([static[n][2]], feed=data[n])
+    runners["eager"] = torch_step(model)
+    if compiler is not None:
+        runners["torch.compile"] = first["torch.compile"]
     for n in lengths:
         for fn in runners.values():
-            fn(n)  # warm-up
+            fn(n)  # warm-up (a compiler: record, then compile)
+            fn(n)
     samples = {k: {n: [] for n in lengths} for k in runners}
     for r in range(rounds):
         for n in lengths:
             for k, fn in runners.items():
                 samples[k][n].append(step_time(lambda: fn(n), steps))
     for k in runners:
-        for n in lengths:
-            result["step_s"][k][n] = statistics.median(samples[k][n])
+        result["step_s"][k] = {n: statistics.median(samples[k][n]) for n in lengths}
     dyn_pe.close()
     for pe in static_pe.values():
         pe.close()
@@ -122,19 +142,28 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--compiler", choices=("inductor",), default=None,
+                    help="both programs compiled by Inductor, and torch.compile timed too")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]
     res = run(lengths, args.batch, args.d_model, args.layers, args.heads, args.vocab,
-              args.rounds, args.steps, args.threads)
+              args.rounds, args.steps, args.threads, compiler=args.compiler)
     print(f"\nhf-llama {args.layers}x{args.d_model} h{args.heads} vocab {args.vocab}, batch "
-          f"{args.batch}, 1 CPU place, {args.threads} torch threads")
+          f"{args.batch}, 1 CPU place, {args.threads} torch threads, compiler "
+          f"{args.compiler}")
+    tc = args.compiler is not None
     print(f"{'length':>6} {'dynamic ms':>11} {'static ms':>10} {'eager ms':>9} "
-          f"{'dyn/static':>10} {'eager/dyn':>9} {'1st step ms':>11}")
+          + (f"{'t.compile ms':>12} " if tc else "")
+          + f"{'dyn/static':>10} {'eager/dyn':>9} " + (f"{'tc/dyn':>7} " if tc else "")
+          + f"{'1st step ms':>11}" + (f" {'tc 1st step ms':>14}" if tc else ""))
     for n in lengths:
         d, s, e = (res["step_s"][k][n] * 1e3 for k in ("dynamic", "static", "eager"))
-        print(f"{n:>6} {d:>11.1f} {s:>10.1f} {e:>9.1f} {d / s:>10.2f} {e / d:>9.2f} "
-              f"{res['first_step_s'][n] * 1e3:>11.1f}")
+        c = res["step_s"]["torch.compile"][n] * 1e3 if tc else None
+        print(f"{n:>6} {d:>11.1f} {s:>10.1f} {e:>9.1f} " + (f"{c:>12.1f} " if tc else "")
+              + f"{d / s:>10.2f} {e / d:>9.2f} " + (f"{c / d:>7.2f} " if tc else "")
+              + f"{res['first_step_s']['dynamic'][n] * 1e3:>11.1f}"
+              + (f" {res['first_step_s']['torch.compile'][n] * 1e3:>14.1f}" if tc else ""))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -160,6 +160,37 @@ def test_a_control_op_runs_uncompiled_and_says_why(capfd):
     assert capfd.readouterr().err.count("runs uncompiled") == 1
 
 
+def test_shapes_beyond_the_bounded_cache_run_uncompiled_and_say_so_once(monkeypatch, capfd):
+    """Dynamic sizes (a batch or sequence length) are a bounded per-shape cache: one graph
+    per input shape up to ``MAX_SIGNATURES`` (here 1), then the generated code, said once."""
+    from ssaexec.runtime import inductor
+    monkeypatch.setattr(inductor, "MAX_SIGNATURES", 1)
+    main, startup, loss = _mlp(se.optimizer.SGD(0.1), depth=1)
+    gen = torch.Generator().manual_seed(0)
+    feeds = [{"x": torch.randn(n, 6, dtype=torch.float64, generator=gen),
+              "y": torch.randn(n, 1, dtype=torch.float64, generator=gen)}
+             for n in (8, 8, 6, 4, 8, 6)]
+
+    def train(compiler):
+        scope = se.Scope()
+        torch.manual_seed(1)
+        se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+        with se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
+                                 exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
+            losses = [pe.run([loss], feed=f)[0] for f in feeds]
+            return losses, pe._runner((loss.name,)).lowering
+    ref, _ = train(None)
+    got, lowering = train("inductor")
+    assert _close(got, ref, 1e-6)
+    assert lowering.fallbacks == []  # the segment stays compiled for its first shape
+    err = capfd.readouterr().err
+    # once, by the forward+backward segment, at batch 6 (the update's inputs, parameters
+    # and gradients, have one shape)
+    assert lowering.compiles == 2
+    assert err.count("has compiled 1 input shapes (MAX_SIGNATURES); other shapes run "
+                     "uncompiled") == 1
+
+
 def test_alpha_is_made_a_multiplication_before_inductor_sees_it():
     """Inductor's add+mm -> addmm pattern drops ``alpha`` (pytorch issues 167313,
     196577): an SGD step of a matmul's gradient came out as ``w + g``."""

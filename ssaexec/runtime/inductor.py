@@ -14,7 +14,9 @@ Per segment, in order:
    the values it loads from its scope and stores into it are recorded: they are
    the compiled function's inputs and outputs, in that order.
 2. **Compile** (second run, and again for each new signature of the inputs:
-   shapes, strides, dtypes, devices; at most ``MAX_SIGNATURES`` kept). The code
+   shapes, strides, dtypes, devices; at most ``MAX_SIGNATURES`` kept: a bounded
+   per-shape cache, not dynamic shapes; a shape beyond them runs the generated code,
+   said once; ``bench/dynamic_shapes.py --compiler inductor`` measures it). The code
    is traced with ``make_fx`` on copies of the inputs (tracing runs the kernels:
    the real values must not be updated twice), the graph is rewritten where
    Inductor is known to be wrong (``_alpha_as_mul``), and compiled, with
@@ -207,7 +209,7 @@ class _CompiledSegment:
     """The body of one segment: record, then compile per input signature, then run."""
 
     __slots__ = ("lowering", "seg", "fallback", "scopes", "loads", "stores", "graphs",
-                 "refused", "draws", "ns")
+                 "refused", "draws", "ns", "full")
 
     def __init__(self, lowering, seg, fallback):
         self.lowering, self.seg, self.fallback = lowering, seg, fallback
@@ -216,6 +218,7 @@ class _CompiledSegment:
         self.draws = []  # (program seed, op index, place index) of each seeded draw, in order
         self.ns = seg.lowered.fn.__globals__  # the generated code's names (_op_seed, _seeded)
         self.graphs = {}  # input signature -> compiled function
+        self.full = False  # MAX_SIGNATURES graphs compiled, and said so
         self.refused = _refusal(seg)
         if self.refused is not None:
             lowering.fall_back(seg, self.refused)
@@ -240,7 +243,17 @@ class _CompiledSegment:
             if bad is not None:
                 return self._refuse(f"its input {bad!r} is not a tensor")
             if len(self.graphs) >= MAX_SIGNATURES:
-                return self.fallback()  # more shapes than kept: this one runs uncompiled
+                # more shapes than kept: this one runs uncompiled (said once: a run with
+                # many sequence lengths should pad them to a few)
+                if not self.full:
+                    self.full = True
+                    seg = self.seg
+                    self.lowering.say(
+                        f"ssaexec: {seg.place} segment {seg.id} ({seg.name}) has compiled "
+                        f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
+                        "uncompiled: pad the inputs to fewer shapes (e.g. sequence lengths "
+                        "rounded up to a multiple of 64)")
+                return self.fallback()
             try:
                 with _COMPILE_LOCK:
                     fn = self._compile(inputs)
