@@ -30,7 +30,10 @@ Per segment, in order:
    Progress: a line before and after each compile (on stderr, or ``notes``). One
    compile runs at a time in the process (places' threads take turns).
 3. **Run**: the compiled function on the scope's current values; the outputs are
-   stored into the scope under the recorded names.
+   stored into the scope under the recorded names. The signature is the only check of
+   the inputs: graphs are compiled without Inductor's size asserts, which would check
+   every input again at every call (``size_asserts=False``; it also drops Inductor's
+   checks of extern kernels' output layouts, which hold for inputs of one signature).
 
 Fallback. A segment that cannot be compiled runs its generated code, as on the
 compiled path, and says so once, on one line, naming the segment and the reason
@@ -209,13 +212,14 @@ class _CompiledSegment:
     """The body of one segment: record, then compile per input signature, then run."""
 
     __slots__ = ("lowering", "seg", "fallback", "scopes", "loads", "stores", "graphs",
-                 "refused", "draws", "ns", "full")
+                 "refused", "draws", "seeds", "ns", "full")
 
     def __init__(self, lowering, seg, fallback):
         self.lowering, self.seg, self.fallback = lowering, seg, fallback
         self.scopes = lowering.base.calls.scopes
         self.loads = self.stores = None
         self.draws = []  # (program seed, op index, place index) of each seeded draw, in order
+        self.seeds = []  # one int64 scalar tensor per draw: its seed at this step
         self.ns = seg.lowered.fn.__globals__  # the generated code's names (_op_seed, _seeded)
         self.graphs = {}  # input signature -> compiled function
         self.full = False  # MAX_SIGNATURES graphs compiled, and said so
@@ -232,8 +236,13 @@ class _CompiledSegment:
         find, get = scope.find_var, scope.vars.get
         inputs = [t if (t := get(n)) is not None else find(n) for n in self.loads]
         if self.draws:
+            # the step's seeds, written into tensors kept for it (a fill costs a quarter
+            # of a new tensor); the graph reads them during the call only
             step = self.ns["_step"][0]
-            inputs += [torch.tensor(op_seed(*d, step)) for d in self.draws]
+            seeds = self.seeds
+            for t, d in zip(seeds, self.draws):
+                t.fill_(op_seed(*d, step))
+            inputs += seeds
         key = _signature(inputs)
         fn = self.graphs.get(key)
         if fn is None:
@@ -323,6 +332,7 @@ class _CompiledSegment:
             self.seg.lowered.fn(out, load)
         scope.vars.update(out)
         self.loads, self.stores = loads, stores
+        self.seeds = [torch.zeros((), dtype=torch.int64) for _ in self.draws]
 
     def _compile(self, inputs):
         from torch._guards import TracingContext, tracing
@@ -365,7 +375,12 @@ class _CompiledSegment:
         # its FX graph cache ("No shape env"), and a second process compiles everything
         # again; ignore_shape_env keeps the example inputs' static shapes
         context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
-        with tracing(context), torch._inductor.config.patch(emulate_precision_casts=True):
+        # no size asserts: the graph is only ever called with inputs of the shapes,
+        # strides, dtypes and devices it was compiled for (the signature picks it), so
+        # Inductor's own check of each input, every call, would repeat ours (tens of
+        # microseconds a step on a launch-bound model: one check per input)
+        with tracing(context), torch._inductor.config.patch(emulate_precision_casts=True,
+                                                            size_asserts=False):
             fn = compile_fx(gm, copies, ignore_shape_env=True)
         self.lowering.compiles += 1
         self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
