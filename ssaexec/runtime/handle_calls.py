@@ -141,6 +141,8 @@ class HandleCalls:
                     # for t's producer; run() waits for the fetch's event
                     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                     vals.append(host.copy_(t.detach(), non_blocking=True))
+                elif t.is_cpu:  # clone: to("cpu", copy=True) parses its device each call
+                    vals.append(t.detach().clone())
                 else:
                     vals.append(t.detach().to("cpu", copy=True))
             self.fetched[name] = vals
