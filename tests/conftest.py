@@ -17,6 +17,9 @@ INDUCTOR_EXCEPTIONS = {
     "tests/test_eval.py::test_an_eval_executor_sees_the_running_statistics_trained_after":
         "bit for bit against an executor that compiles on other steps (last-bit rounding)",
     "tests/test_inductor.py": "compares the compiler with the compiled path: needs both",
+    "tests/test_distribute.py::test_a_placeable_block_trains_where_it_stands":
+        "bit for bit: the placeable block is a control op and runs uncompiled, its "
+        "reference is compiled; fused kernels round the last bit differently",
 }
 # the CPU stand-in of a CUDA capture (tests/test_cuda_graphs.py's HostCapture) records and
 # replays the step's ATen calls; Inductor's fused C++ kernels run without calling ATen, so

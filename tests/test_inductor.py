@@ -191,6 +191,38 @@ def test_shapes_beyond_the_bounded_cache_run_uncompiled_and_say_so_once(monkeypa
                      "uncompiled") == 1
 
 
+def test_strided_feeds_are_compiled_for_their_own_layout(capfd):
+    """A shard of a batch is a strided view (``se.distributed.shard`` takes every k-th
+    sample): the graph is compiled for that layout, not for a contiguous copy of it (it
+    would read the real rows as if they were packed). An expanded feed overlaps itself:
+    its segment runs uncompiled and says why."""
+    main, startup, loss = _mlp(se.optimizer.SGD(0.1), depth=1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 6, dtype=torch.float64, generator=gen)
+    y = torch.randn(24, 1, dtype=torch.float64, generator=gen)
+    strided = [{"x": x[k::3], "y": y[k::3]} for k in range(3)]  # strides (18, 1), (3, 1)
+    expanded = [{"x": x[k:k + 1].expand(8, 6), "y": y[:8]} for k in range(3)]
+
+    def train(compiler, feeds):
+        scope = se.Scope()
+        torch.manual_seed(1)
+        se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+        with se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
+                                 exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
+            losses = [pe.run([loss], feed=f)[0] for f in feeds]
+            return losses, pe._runner((loss.name,)).lowering
+    ref, _ = train(None, strided)
+    got, lowering = train("inductor", strided)
+    assert lowering.fallbacks == [] and lowering.compiles == 2
+    assert _close(got, ref, 1e-12)
+    ref, _ = train(None, expanded)
+    got, lowering = train("inductor", expanded)
+    assert _close(got, ref, 1e-12)
+    assert [why for _, why in lowering.fallbacks] == [
+        "its input 'x' overlaps itself in memory (an expanded tensor)"]
+    assert capfd.readouterr().err.count("runs uncompiled") == 1
+
+
 def test_alpha_is_made_a_multiplication_before_inductor_sees_it():
     """Inductor's add+mm -> addmm pattern drops ``alpha`` (pytorch issues 167313,
     196577): an SGD step of a matmul's gradient came out as ``w + g``."""

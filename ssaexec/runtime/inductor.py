@@ -356,8 +356,14 @@ class _CompiledSegment:
             return tuple(out[n] for n in stores)
 
         # tracing runs the kernels: on copies, so the step is not applied twice; the
-        # learning rate stays an input (a schedule changes it between steps)
-        copies = [t.clone() for t in inputs]
+        # learning rate stays an input (a schedule changes it between steps). Each copy
+        # has its input's exact strides: the graph is compiled for the copies' layout and
+        # called with the inputs (clone() would make a strided view, a shard of a batch,
+        # contiguous, and the graph would read the real one as if it were)
+        copies = [_layout_copy(n, t) for n, t in zip(self.loads + ["seed"] * len(self.draws),
+                                                       inputs)]
+        if _signature(copies) != _signature(inputs):
+            raise _Refused("its inputs' layouts could not be copied for the compile")
         tokens = LR_AS_TENSOR.set(True), TRACED.set(disable_proxy_modes_tracing)
         try:
             gm = make_fx(pure, tracing_mode="real")(*copies)
@@ -386,6 +392,17 @@ class _CompiledSegment:
         self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
                           f"{time.perf_counter() - t0:.1f} s")
         return fn
+
+
+def _layout_copy(name, t):
+    """A copy of ``t`` with its shape and strides; a tensor that overlaps itself (an
+    expanded one) has no such copy, and its segment runs uncompiled."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    try:
+        return out.copy_(t)
+    except RuntimeError:
+        raise _Refused(f"its input {name!r} overlaps itself in memory (an expanded "
+                       "tensor)") from None
 
 
 @contextlib.contextmanager
