@@ -202,7 +202,10 @@ def test_ctrl_c_stops_the_run_cleanly(threads, compiled, via_gc, terminal_ctrl_c
     assert torch.isfinite(lv)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     pe.close()
-    assert set(threading.enumerate()) - before == set()
+    # none of the executor's threads outlives it (a first compile under make test-inductor
+    # starts Inductor's own pool, which stays for the process, as torch.compile's does)
+    assert {t for t in set(threading.enumerate()) - before
+            if not t.name.startswith(("ThreadPoolExecutor", "tqdm_monitor"))} == set()
 
 
 @pytest.mark.timeout(120)

@@ -99,6 +99,7 @@ _COMPILE_LOCK = threading.Lock()
 
 _aten = torch.ops.aten
 _ALPHA_OPS = (_aten.add.Tensor, _aten.add_.Tensor, _aten.sub.Tensor, _aten.sub_.Tensor)
+_HOST_READS = (_aten._local_scalar_dense.default, _aten.item.default)
 
 
 def check_compiler(compiler, places):
@@ -328,8 +329,16 @@ class _CompiledSegment:
             return op_seed(program_seed, op_index, place_idx, step)
 
         out = Stores()
-        with _swapped(self.ns, _op_seed=noted_seed):
-            self.seg.lowered.fn(out, load)
+        try:
+            with _swapped(self.ns, _op_seed=noted_seed):
+                self.seg.lowered.fn(out, load)
+        except BaseException as e:  # noqa: B036 - Ctrl-C passes through unchanged
+            # as the compiled path fails: the error names the op; the next step records
+            self.draws.clear()
+            err = self.seg.lowered.error(e) if isinstance(e, Exception) else e
+            if err is e:
+                raise
+            raise err from e
         scope.vars.update(out)
         self.loads, self.stores = loads, stores
         self.seeds = [torch.zeros((), dtype=torch.int64) for _ in self.draws]
@@ -436,6 +445,14 @@ class _SeededDraws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _HOST_READS and _tracing():
+            # a value read on the host (bool(t), t.item()) decides what the op does: the
+            # trace would bake this step's answer into the graph for every later step
+            # (a kernel guard's host check runs untraced, and asserts in the graph too)
+            self.refused = self.refused or (
+                f"an op reads a tensor's value on the host ({func}): the compiled graph "
+                "would keep this step's answer")
+            return func(*args, **kwargs)
         if not _draws(func, args, kwargs):
             return func(*args, **kwargs)
         block = self.block
@@ -452,6 +469,12 @@ class _SeededDraws(TorchDispatchMode):
             args[0].copy_(outs[0])
             return args[0]
         return outs[0] if len(func._schema.returns) == 1 else tuple(outs)
+
+
+def _tracing():
+    """Whether ``make_fx`` records the ATen calls now (not inside
+    ``disable_proxy_modes_tracing``)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
 
 
 def _draws(func, args, kwargs):
