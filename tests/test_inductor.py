@@ -160,47 +160,22 @@ def test_a_control_op_runs_uncompiled_and_says_why(capfd):
     assert capfd.readouterr().err.count("runs uncompiled") == 1
 
 
-def test_shapes_beyond_the_bounded_cache_run_uncompiled_and_say_so_once(monkeypatch, capfd):
-    """Dynamic sizes (a batch or sequence length) are a bounded per-shape cache: one graph
-    per input shape up to ``MAX_SIGNATURES`` (here 1), then the generated code, said once."""
+def test_graphs_follow_their_inputs_layouts_in_a_bounded_cache(monkeypatch, capfd):
+    """A shard of a batch is a strided view (``se.distributed.shard`` takes every k-th
+    sample): the graph is compiled for that layout, not for a contiguous copy of it (it
+    would read the real rows as if they were packed). New shapes and layouts fill a
+    bounded per-shape cache (``MAX_SIGNATURES``, here 1): past it, a segment runs
+    uncompiled and says so once. An expanded feed overlaps itself: its segment runs
+    uncompiled and says why."""
     from ssaexec.runtime import inductor
     monkeypatch.setattr(inductor, "MAX_SIGNATURES", 1)
     main, startup, loss = _mlp(se.optimizer.SGD(0.1), depth=1)
     gen = torch.Generator().manual_seed(0)
-    feeds = [{"x": torch.randn(n, 6, dtype=torch.float64, generator=gen),
-              "y": torch.randn(n, 1, dtype=torch.float64, generator=gen)}
-             for n in (8, 8, 6, 4, 8, 6)]
-
-    def train(compiler):
-        scope = se.Scope()
-        torch.manual_seed(1)
-        se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
-        with se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
-                                 exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
-            losses = [pe.run([loss], feed=f)[0] for f in feeds]
-            return losses, pe._runner((loss.name,)).lowering
-    ref, _ = train(None)
-    got, lowering = train("inductor")
-    assert _close(got, ref, 1e-6)
-    assert lowering.fallbacks == []  # the segment stays compiled for its first shape
-    err = capfd.readouterr().err
-    # once, by the forward+backward segment, at batch 6 (the update's inputs, parameters
-    # and gradients, have one shape)
-    assert lowering.compiles == 2
-    assert err.count("has compiled 1 input shapes (MAX_SIGNATURES); other shapes run "
-                     "uncompiled") == 1
-
-
-def test_strided_feeds_are_compiled_for_their_own_layout(capfd):
-    """A shard of a batch is a strided view (``se.distributed.shard`` takes every k-th
-    sample): the graph is compiled for that layout, not for a contiguous copy of it (it
-    would read the real rows as if they were packed). An expanded feed overlaps itself:
-    its segment runs uncompiled and says why."""
-    main, startup, loss = _mlp(se.optimizer.SGD(0.1), depth=1)
-    gen = torch.Generator().manual_seed(0)
     x = torch.randn(24, 6, dtype=torch.float64, generator=gen)
     y = torch.randn(24, 1, dtype=torch.float64, generator=gen)
-    strided = [{"x": x[k::3], "y": y[k::3]} for k in range(3)]  # strides (18, 1), (3, 1)
+    # strides (18, 1) and (3, 1), twice (record, compile); then packed rows, then 6 rows
+    strided = [{"x": x[k::3], "y": y[k::3]} for k in (0, 1)] + \
+        [{"x": x[:8], "y": y[:8]}, {"x": x[2::4], "y": y[2::4]}, {"x": x[2::3], "y": y[2::3]}]
     expanded = [{"x": x[k:k + 1].expand(8, 6), "y": y[:8]} for k in range(3)]
 
     def train(compiler, feeds):
@@ -213,8 +188,12 @@ def test_strided_feeds_are_compiled_for_their_own_layout(capfd):
             return losses, pe._runner((loss.name,)).lowering
     ref, _ = train(None, strided)
     got, lowering = train("inductor", strided)
-    assert lowering.fallbacks == [] and lowering.compiles == 2
     assert _close(got, ref, 1e-12)
+    # the forward+backward graph for the strided shards, the update's (one shape)
+    assert lowering.fallbacks == [] and lowering.compiles == 2
+    # said once, by the forward+backward segment, at the packed rows
+    assert capfd.readouterr().err.count("has compiled 1 input shapes (MAX_SIGNATURES); "
+                                        "other shapes run uncompiled") == 1
     ref, _ = train(None, expanded)
     got, lowering = train("inductor", expanded)
     assert _close(got, ref, 1e-12)
