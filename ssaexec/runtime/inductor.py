@@ -40,9 +40,12 @@ compiled path, and says so once, on one line, naming the segment and the reason
 (``fallbacks`` keeps them; ``inductor_summary`` says before any run which
 segments control ops keep uncompiled, for ``ssaexec stats``): a draw outside a
 seeded op or two under one seed (see Random numbers), control ops (their
-sub-blocks run on our scheduler), values in the scope that are not tensors, a
-trace or a compile that fails. A step never fails because Inductor could not
-compile it.
+sub-blocks run on our scheduler), values in the scope that are not tensors, an
+op that reads a tensor's value on the host while traced (the graph would keep that
+step's answer), an input that overlaps itself in memory (it has no copy of its own
+layout to compile for), a trace or a compile that fails. A step never fails because
+Inductor could not compile it; the record step's errors name the op, as the compiled
+path's do.
 
 Atomic steps. A compiled graph's kernels may update state in any order, so the
 commit phase is always a segment of its own here (``SegmentLowering(atomic=True)``),
