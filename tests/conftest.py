@@ -20,6 +20,26 @@ INDUCTOR_EXCEPTIONS = {
     "tests/test_distribute.py::test_a_placeable_block_trains_where_it_stands":
         "bit for bit: the placeable block is a control op and runs uncompiled, its "
         "reference is compiled; fused kernels round the last bit differently",
+    # 5 float64 steps of per-place batch norm at 2 places amplify rounding ~100x a step: a
+    # 1e-15 change of one weight moves the loss by 8.6e-9 on the uncompiled path too, over
+    # the test's 1e-9; Inductor's fused kernels round differently (3 steps: 1.9e-12)
+    "tests/test_from_torch.py::test_resnet18_matches_ddp_with_per_replica_batch_norm[sgd]":
+        "5 float64 steps amplify last-bit rounding past 1e-9 (a 1e-15 change does too)",
+    "tests/test_fused_updates.py::test_fp16_updates_fuse_like_bf16":
+        "counts the compiled path's ATen calls; Inductor's fused kernels make none "
+        "(test_inductor.py covers fp16 loss scaling and its skipped step)",
+    "tests/test_fused_updates.py::test_fp16_fused_training_equals_the_readable_path_bit_for_bit":
+        "bit for bit against the readable path; fused kernels round the last bit differently",
+    "tests/test_hot_path.py::test_examples_bit_identical_to_the_readable_path":
+        "bit for bit against the readable path; fused kernels round the last bit differently",
+    "tests/test_hot_path.py::test_imported_models_bit_identical_and_copy_free":
+        "bit for bit against the readable path; fused kernels round the last bit differently",
+    "tests/test_hot_path.py::test_each_places_updates_are_one_fused_segment_on_several_places":
+        "reads the compiled path's generated source, which Inductor replaces",
+    # the SGD update reads its rate on the host only when it runs uncompiled; in an Inductor
+    # graph the rate is a tensor input, so the step has no host read to find
+    "tests/test_host_sync.py::test_error_mode_stops_the_step_with_the_finding[compiled]":
+        "under Inductor the rate stays a tensor in the graph: the step reads nothing on the host",
 }
 # the CPU stand-in of a CUDA capture (tests/test_cuda_graphs.py's HostCapture) records and
 # replays the step's ATen calls; Inductor's fused C++ kernels run without calling ATen, so

@@ -30,7 +30,7 @@ def _mlp(opt, dropout=0.0, dtype="float64", depth=2):
 
 
 def _train(opt, places, compiler, lrs=(None, None, None), dropout=0.0, dtype="float64",
-           build=None, depth=2, **execution):
+           build=None, depth=2, overflow_at=None, **execution):
     main, startup, loss = _mlp(opt, dropout, dtype, depth)
     scope = se.Scope()
     torch.manual_seed(1)
@@ -44,14 +44,19 @@ def _train(opt, places, compiler, lrs=(None, None, None), dropout=0.0, dtype="fl
     dt = getattr(torch, dtype)
     losses = []
     try:
-        for lr in lrs:
+        for i, lr in enumerate(lrs):
             if lr is not None:
                 pe.set_lr(lr)
+            if i == overflow_at:  # an fp16 overflow: the step is skipped on every place
+                for ls in pe.local_scopes:
+                    ls.find_var("@AMP.loss_scale").fill_(2.0 ** 120)
             feed = {"x": torch.randn(8, 6, dtype=dt, generator=gen),
                     "y": torch.randn(8, 1, dtype=dt, generator=gen)}
             losses.append(pe.run([loss], feed=feed)[0])
         params = {p.name: scope.find_var(p.name).clone()
                   for p in main.all_parameters()}
+        if overflow_at is not None:
+            params["skipped"] = scope.find_var("@AMP.skipped_steps").clone()
         runner = pe._runner((loss.name,))
     finally:
         pe.close()
@@ -94,10 +99,12 @@ def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():
     assert _close(params.values(), ref_params.values(), 1e-12)
 
 
-def test_amp_and_accumulation_under_the_compiler_equal_the_compiled_path():
-    """bf16 AMP with two micro-batches per update, float32: the same casts, the same
-    accumulation; Inductor may order float32 sums differently, hence 1e-4 (issue 32)."""
-    kw = dict(dtype="float32", amp="bf16",
+@pytest.mark.parametrize("amp, overflow_at", [("bf16", None), ("fp16", 1)])
+def test_amp_and_accumulation_under_the_compiler_equal_the_compiled_path(amp, overflow_at):
+    """AMP with two micro-batches per update, float32: the same casts, the same
+    accumulation, and under fp16 the same loss scaling and skipped overflowing update;
+    Inductor may order float32 sums differently, hence 1e-4 (issue 32)."""
+    kw = dict(dtype="float32", amp=amp, overflow_at=overflow_at,
               build=se.BuildStrategy(gradient_accumulation_steps=2, fuse_all_reduce_ops=True))
     lrs = (None,) * 4
     ref_losses, ref_params, _ = _train(se.optimizer.Adam(0.01), 1, None, lrs, **kw)
@@ -105,6 +112,8 @@ def test_amp_and_accumulation_under_the_compiler_equal_the_compiled_path():
     assert lowering.fallbacks == [] and lowering.compiles >= 2
     assert _close(losses, ref_losses, 1e-4)
     assert _close(params.values(), ref_params.values(), 1e-4)
+    if overflow_at is not None:
+        assert float(params["skipped"]) >= 1
 
 
 def test_zero_under_the_compiler_equals_the_compiled_path():
