@@ -74,6 +74,22 @@ def test_bad_options_fail_clearly():
         benchmark.main(["--model", "vgg16", "--places", "cpu:1"])
 
 
+def test_torchrun_modes_are_planned_on_the_place_counts_their_processes_divide():
+    # ssaexec-inductor-nproc (issue 32's two gloo processes against torch.compile + DDP)
+    # runs as ssaexec-nproc does, an InductorTrainer in each process
+    import argparse
+    from ssaexec.bench import cli
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    args = ap.parse_args(["--preset", "tiny", "--places", "cpu:3", "--place-counts", "1,2,3",
+                          "--modes", "ssaexec-inductor-nproc,torch-compile-ddp"])
+    configs, device, counts = cli.plan(args, cli.settings(args))
+    got = {(c["mode"], c["places"], c.get("nproc")) for c in configs}
+    assert ("ssaexec-inductor-nproc", 2, 2) in got and device == "cpu" and counts == [1, 2, 3]
+    assert not {c["places"] for c in configs if c["mode"] == "ssaexec-inductor-nproc"} - {2}
+    assert all("nproc" not in c for c in configs if c["mode"] == "torch-compile-ddp")
+
+
 def test_from_torch_flag_without_frontend_errors_clearly():
     try:
         from ssaexec.frontends.torch import from_torch  # noqa: F401

@@ -10,7 +10,10 @@ the same model, from the same initial weights, on the same synthetic batch in
 * ``torch-ddp``: the twin under ``DistributedDataParallel``, one process per place;
 * ``ssaexec-from-torch`` (``--from-torch``): the twin converted by
   ``ssaexec.frontends.torch.from_torch`` and run by ``ParallelExecutor``;
-* ``ssaexec-nproc`` (``--nproc P``): ssaexec as ``P`` processes under torchrun,
+* ``ssaexec-nproc`` (``--nproc P``): ssaexec as ``P`` processes under torchrun;
+* ``ssaexec-inductor`` and ``ssaexec-inductor-nproc``: the same two with each segment
+  compiled by Inductor (``compiler="inductor"``); ``torch-compile`` and
+  ``torch-compile-ddp`` are their peers,
 
 and prints a table (images/sec, speedup over 1 place, scaling efficiency, peak
 memory), writes a JSON file with every raw timing and the machine, and a PNG

@@ -4,8 +4,9 @@ Policy. Presets fill in every setting the command line leaves out (``--preset``,
 ``--quick``; ``--model transformer``, ``hf-bert`` and ``hf-llama`` pick the preset of
 that name, whose ``modes`` replace the default modes). The plan
 is one worker config per (mode, places) pair: ``seq`` and ``torch-eager`` on one
-place, the other modes on every place count asked for (``ssaexec-nproc`` only on
-counts its processes divide). Batch per place is fixed (weak scaling).
+place, the other modes on every place count asked for (``ssaexec-nproc`` and
+``ssaexec-inductor-nproc`` only on counts their processes divide). Batch per place is
+fixed (weak scaling).
 
 Each worker (``ssaexec.bench.worker``) builds its model and warms up, then the
 harness asks each in turn for a window of ``steps`` timed steps, ``repeats``
@@ -36,7 +37,10 @@ DESCRIPTION = "Benchmark harness: images/sec of one model trained in several mod
 
 MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "torch-compile-ddp",
          "ssaexec-from-torch",
-         "ssaexec-nproc", "ssaexec-inductor")
+         "ssaexec-nproc", "ssaexec-inductor", "ssaexec-inductor-nproc")
+# the modes run as processes under torchrun (``--nproc``, default 2), on the place counts
+# those processes divide
+NPROC_MODES = ("ssaexec-nproc", "ssaexec-inductor-nproc")
 DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
@@ -87,8 +91,9 @@ def add_arguments(ap):
                     help="settings to start from (default: 'default'); options override them")
     ap.add_argument("--quick", action="store_true", help="same as --preset quick (make demo)")
     ap.add_argument("--nproc", type=int, default=None,
-                    help="also run ssaexec under torchrun with this many processes (mode "
-                         "ssaexec-nproc; places are divided among them)")
+                    help="processes of the torchrun modes (ssaexec-nproc, "
+                         "ssaexec-inductor-nproc; default 2; places are divided among them); "
+                         "adds ssaexec-nproc when neither is asked for")
     ap.add_argument("--model", help="mlp, transformer (imported with from_torch; preset "
                                     "'transformer' unless one is given), resnet18/34/50/101/152, "
                                     "resnext50/101/152, or hf-bert / hf-llama (transformers' "
@@ -186,12 +191,12 @@ def plan(args, s):
              .split(",") if m.strip()]
     if args.from_torch and "ssaexec-from-torch" not in modes:
         modes.append("ssaexec-from-torch")
-    if args.nproc and "ssaexec-nproc" not in modes:
+    if args.nproc and not set(NPROC_MODES) & set(modes):
         modes.append("ssaexec-nproc")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-    if "ssaexec-from-torch" in modes or "ssaexec-inductor" in modes:
+    if {"ssaexec-from-torch", "ssaexec-inductor", "ssaexec-inductor-nproc"} & set(modes):
         try:
             from ..frontends.torch import from_torch  # noqa: F401
         except ImportError as e:
@@ -204,7 +209,7 @@ def plan(args, s):
         for p in ([1] if mode in ("seq", "torch-eager", "torch-compile") else counts):
             cfg = {"mode": mode, "places": p, "device": device, "settings": s,
                    "warmup": s["warmup"], "steps": s["steps"]}
-            if mode == "ssaexec-nproc":
+            if mode in NPROC_MODES:
                 nproc = args.nproc or 2
                 if p % nproc:
                     continue  # the places are divided among the processes

@@ -161,20 +161,20 @@ def _why(name, a, b, n, paired):
 def table(runs, device):
     """The printed table: one line a run (failed runs say why)."""
     mem = "peak GPU MiB" if device == "cuda" else "peak RSS MiB"
-    head = (f"{'mode':<20} {'places':>6} {'batch/place':>11} {'images/sec':>11} "
+    head = (f"{'mode':<22} {'places':>6} {'batch/place':>11} {'images/sec':>11} "
             f"{'(min-max)':>15} {'speedup':>8} {'efficiency':>10} {mem:>13} "
             f"{'CPU ms/img':>10} {'cores busy':>10}")
     lines = [head, "-" * len(head)]
     for r in runs:
         if r.get("error") is not None:
-            lines.append(f"{r['mode']:<20} {r['places']:>6} {r['batch_per_place']:>11}   FAILED: "
+            lines.append(f"{r['mode']:<22} {r['places']:>6} {r['batch_per_place']:>11}   FAILED: "
                          f"{r['error'].strip().splitlines()[-1][:60]}")
             continue
         ips = r["images_per_sec"]
         m = r["peak_cuda_mb"] if device == "cuda" else r["peak_rss_mb"]
         speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.0%}"
-        lines.append(f"{r['mode']:<20} {r['places']:>6} {r['batch_per_place']:>11} "
+        lines.append(f"{r['mode']:<22} {r['places']:>6} {r['batch_per_place']:>11} "
                      f"{r['images_per_sec_median']:>11.1f} "
                      f"{f'({min(ips):.1f}-{max(ips):.1f})':>15} {speedup:>8} {eff:>10} "
                      f"{m if m is not None else float('nan'):>13.0f} "
@@ -195,7 +195,7 @@ def plot(result, path):
             modes.append(r["mode"])
     markers = {"seq": "s", "ssaexec": "o", "torch-eager": "D", "torch-ddp": "^",
                "ssaexec-from-torch": "v", "ssaexec-nproc": "P", "torch-compile-ddp": "<",
-               "ssaexec-inductor": "*"}
+               "ssaexec-inductor": "*", "ssaexec-inductor-nproc": "X"}
     for k, mode in enumerate(modes):
         rs = sorted((r for r in result["runs"] if r["mode"] == mode and r.get("error") is None),
                     key=lambda r: r["places"])

@@ -8,8 +8,8 @@ memory is that process's own. The harness (``WorkerProcess``) starts
   is, ``ssaexec.bench.ddp``), and
 * ``torchrun --standalone --nproc-per-node P -m ssaexec.bench.worker`` for
   ``ssaexec-nproc``: ssaexec as ``P`` processes, each a ``ParallelTrainer`` over
-  ``places / P`` local places, joined by ``ssaexec.distributed``
-  (``serve_torchrun``; rank 0 speaks the protocol).
+  ``places / P`` local places (``ssaexec-inductor-nproc``: an ``InductorTrainer``),
+  joined by ``ssaexec.distributed`` (``serve_torchrun``; rank 0 speaks the protocol).
 
 Protocol (line-based): the harness writes the config as one JSON line
 (``mode``, ``places`` = all places of all processes, ``device``, ``settings``,
@@ -43,7 +43,7 @@ from pathlib import Path
 from ..place import available_cores
 from .ddp import DDPGroup
 from .models import repo_root
-from .runners import TRAINERS, ParallelTrainer, peak_rss_mb, rss_mb
+from .runners import TRAINERS, InductorTrainer, ParallelTrainer, peak_rss_mb, rss_mb
 
 __all__ = ["WorkerProcess", "WorkerError", "serve", "serve_torchrun", "die_with_parent"]
 
@@ -238,14 +238,17 @@ def serve_torchrun():
             raise SystemExit(f"{cfg['places']} places do not divide among {world} processes")
         per = cfg["places"] // world
         places = sd.local_places(per) if cfg["device"] == "cuda" else se.cpu_places(per)
-        trainer = ParallelTrainer(cfg, places, first_place=sd.rank() * per)
+        # ssaexec-inductor-nproc: each process compiles its segments (its first two steps)
+        cls = InductorTrainer if cfg["mode"] == "ssaexec-inductor-nproc" else ParallelTrainer
+        trainer = cls(cfg, places, first_place=sd.rank() * per)
         assert trainer.pe.distributed or world == 1
         warm = _mean_over_ranks(coll, trainer.warm_up(cfg["warmup"], on_step))
         baselines = coll.gather_objects(baseline, "gather of the baseline RSS")
         emit({"event": "ready", "setup_s": time.perf_counter() - t0, "warmup_losses": warm,
               "baseline_rss_mb": sum(b or 0 for b in baselines),
               "torch_threads": torch.get_num_threads(), "processes": coll.world_size,
-              "places_per_process": len(trainer.places)})
+              "places_per_process": len(trainer.places),
+              "compile_s": getattr(trainer, "compile_s", None)})
         while next_line() == "run":
             everyone = coll.gather_objects(trainer.window(cfg["steps"], on_step),
                                            "gather of the timings")
