@@ -77,6 +77,8 @@ def test_inductor_steps_equal_the_compiled_path_in_float64(opt, places, lrs):
     ref_losses, ref_params, _ = _train(opt(), places, None, lrs)
     losses, params, lowering = _train(opt(), places, "inductor", lrs)
     assert lowering.fallbacks == [] and lowering.compiles >= 1
+    # ATen ops only, on CPU: every graph's calls are made by Inductor's C++ wrapper
+    assert lowering.cpp_wrapped == lowering.compiles
     assert _close(losses, ref_losses, 1e-6)
     # with a rate baked into the graph at its first value, steps 2 and 3 would differ
     assert _close(params.values(), ref_params.values(), 1e-6)
@@ -94,6 +96,9 @@ def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():
     ref_losses, ref_params, _ = _train(se.optimizer.SGD(0.1), 1, None, dropout=0.5)
     losses, params, lowering = _train(se.optimizer.SGD(0.1), 1, "inductor", dropout=0.5)
     assert lowering.fallbacks == [] and lowering.compiles >= 1
+    # the graph that draws calls ssaexec::seeded_call: the Python wrapper (the C++ one
+    # crashed the process on it); the update graph has no draw
+    assert lowering.cpp_wrapped == lowering.compiles - 1
     # the same masks: bit-identical losses would need the same fused arithmetic too
     assert _close(losses, ref_losses, 1e-12)
     assert _close(params.values(), ref_params.values(), 1e-12)
@@ -114,6 +119,9 @@ def test_amp_and_accumulation_under_the_compiler_equal_the_compiled_path(amp, ov
     assert _close(params.values(), ref_params.values(), 1e-4)
     if overflow_at is not None:
         assert float(params["skipped"]) >= 1
+        # fp16's unscale is an ATen fallback returning a list, which the C++ wrapper
+        # refuses: that graph is compiled again with the Python wrapper
+        assert lowering.cpp_wrapped < lowering.compiles
 
 
 def test_zero_under_the_compiler_equals_the_compiled_path():

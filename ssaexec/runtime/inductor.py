@@ -77,6 +77,7 @@ last bit at most: a multiply and an add instead of one fused step).
 """
 
 import contextlib
+import os
 import shutil
 import sys
 import threading
@@ -126,7 +127,7 @@ class InductorLowering:
     ``notes`` is where the one-line fallback messages go (default: stderr).
     """
 
-    __slots__ = ("base", "fallbacks", "compiles", "notes")
+    __slots__ = ("base", "fallbacks", "compiles", "cpp_wrapped", "notes")
     compiled = True
     rebindable = True
 
@@ -134,6 +135,7 @@ class InductorLowering:
         self.base = SegmentLowering(keep_fetched, atomic=True)
         self.fallbacks = []  # (segment name, reason)
         self.compiles = 0  # graphs compiled by Inductor
+        self.cpp_wrapped = 0  # of which with its C++ wrapper (``_cpp_wrapper_ok``)
         self.notes = notes
 
     @property
@@ -392,18 +394,55 @@ class _CompiledSegment:
         # a tracing context whose fake mode has a shape env: without one Inductor bypasses
         # its FX graph cache ("No shape env"), and a second process compiles everything
         # again; ignore_shape_env keeps the example inputs' static shapes
-        context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
-        # no size asserts: the graph is only ever called with inputs of the shapes,
-        # strides, dtypes and devices it was compiled for (the signature picks it), so
-        # Inductor's own check of each input, every call, would repeat ours (tens of
-        # microseconds a step on a launch-bound model: one check per input)
-        with tracing(context), torch._inductor.config.patch(emulate_precision_casts=True,
-                                                            size_asserts=False):
-            fn = compile_fx(gm, copies, ignore_shape_env=True)
+        def compiled(cpp_wrapper):
+            context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+            # no size asserts: the graph is only ever called with inputs of the shapes,
+            # strides, dtypes and devices it was compiled for (the signature picks it), so
+            # Inductor's own check of each input, every call, would repeat ours (tens of
+            # microseconds a step on a launch-bound model: one check per input)
+            with tracing(context), torch._inductor.config.patch(
+                    emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
+                return compile_fx(gm, copies, ignore_shape_env=True)
+
+        cpp = _cpp_wrapper_ok(gm, copies)
+        try:
+            fn = compiled(cpp)
+        except Exception:  # noqa: BLE001 - the C++ wrapper refused a call: the Python one
+            if not cpp:
+                raise
+            cpp = False
+            fn = compiled(False)
+        self.lowering.cpp_wrapped += cpp
         self.lowering.compiles += 1
         self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
                           f"{time.perf_counter() - t0:.1f} s")
         return fn
+
+
+def _cpp_wrapper_ok(gm, inputs):
+    """Whether ``gm`` is compiled with Inductor's C++ wrapper (``cpp_wrapper=True``): the
+    graph's calls made from C++ instead of Python, about 60 us less a step on the
+    transformer preset (``bench/inductor_overhead.py``). Only on CPU (measured there; GPU
+    graphs keep the Python wrapper until measured on one), and only for graphs of ATen
+    and prims ops: in torch 2.13 the C++ wrapper crashed the process (a segmentation
+    fault, no exception to fall back on) calling our ``ssaexec::seeded_call``, a custom op
+    returning a list. A graph it refuses with an exception (an ATen fallback returning a
+    list, as fp16's unscale does) is compiled again with the Python wrapper.
+    ``SSAEXEC_INDUCTOR_CPP_WRAPPER=0`` turns it off."""
+    if os.environ.get("SSAEXEC_INDUCTOR_CPP_WRAPPER", "1") == "0":
+        return False
+    if any(t.device.type != "cpu" for t in inputs):
+        return False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return False
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+                target.namespace not in ("aten", "prims"):
+            return False
+    return True
 
 
 def _layout_copy(name, t):
