@@ -36,6 +36,19 @@ INDUCTOR_EXCEPTIONS = {
         "bit for bit against the readable path; fused kernels round the last bit differently",
     "tests/test_hot_path.py::test_each_places_updates_are_one_fused_segment_on_several_places":
         "reads the compiled path's generated source, which Inductor replaces",
+    # the fault point reads a Python global (which fault to inject), not its inputs: a
+    # graph traced while no fault was set keeps that (under the compiler an op must be a
+    # function of its inputs; docs/strategies.md)
+    "tests/test_step_atomicity.py::test_crafted_checks_in_any_role_and_position_leave_no_"
+    "place_changed": "its fault point reads a Python global, which a traced graph cannot see",
+    "tests/test_step_atomicity.py::test_random_faults_never_leave_places_apart":
+        "bit for bit against an executor that compiles other segments (the failing one "
+        "refuses the segments whose fault point read a value while traced)",
+    "tests/test_torch_eval.py::test_eval_import_on_trained_values_equals_module_eval":
+        "bit for bit between an evaluation's first run (recorded uncompiled) and its second",
+    "tests/test_torch_eval.py::test_resnet18_write_back_and_eval_equal_eager":
+        "float32 to 1e-5 against eager after training; Inductor orders float32 sums its own "
+        "way (the compiler's float32 target is 1e-4, bench/inductor_zoo.py)",
     # the SGD update reads its rate on the host only when it runs uncompiled; in an Inductor
     # graph the rate is a tensor input, so the step has no host read to find
     "tests/test_host_sync.py::test_error_mode_stops_the_step_with_the_finding[compiled]":

@@ -27,6 +27,8 @@ Per segment, in order:
    cache needs (without one it bypasses the cache): a second process running the
    same program loads every graph from Inductor's on-disk cache. In-place
    updates of parameters stay in place: Inductor copies mutated inputs back.
+   A CPU graph of ATen ops only is compiled with Inductor's C++ wrapper, which
+   calls its kernels from C++ (``_cpp_wrapper_ok`` says when, and why not otherwise).
    Progress: a line before and after each compile (on stderr, or ``notes``). One
    compile runs at a time in the process (places' threads take turns).
 3. **Run**: the compiled function on the scope's current values; the outputs are
