@@ -49,6 +49,10 @@ INDUCTOR_EXCEPTIONS = {
     "tests/test_torch_eval.py::test_resnet18_write_back_and_eval_equal_eager":
         "float32 to 1e-5 against eager after training; Inductor orders float32 sums its own "
         "way (the compiler's float32 target is 1e-4, bench/inductor_zoo.py)",
+    "tests/test_zoo.py::test_decoder_trains_with_adamw":
+        "transformers computes the loss in float32 (it casts the logits): fused float32 "
+        "kernels round differently, 5e-8 after 3 AdamW steps, over the test's 1e-9 (the "
+        "compiler's float64 target is 1e-6)",
     # the SGD update reads its rate on the host only when it runs uncompiled; in an Inductor
     # graph the rate is a tensor input, so the step has no host read to find
     "tests/test_host_sync.py::test_error_mode_stops_the_step_with_the_finding[compiled]":
