@@ -423,7 +423,7 @@ class _CompiledSegment:
 
 def _cpp_wrapper_ok(gm, inputs):
     """Whether ``gm`` is compiled with Inductor's C++ wrapper (``cpp_wrapper=True``): the
-    graph's calls made from C++ instead of Python, about 60 us less a step on the
+    graph's calls made from C++ instead of Python, about 0.08 ms less a step on the
     transformer preset (``bench/inductor_overhead.py``). Only on CPU (measured there; GPU
     graphs keep the Python wrapper until measured on one), and only for graphs of ATen
     and prims ops: in torch 2.13 the C++ wrapper crashed the process (a segmentation
