@@ -708,12 +708,18 @@ def test_stats_says_whether_the_step_can_be_captured_as_a_cuda_graph(cli, tmp_pa
     assert not cg["capturable"] and "dropout" in cg["why_not"]
 
 
-def test_stats_says_what_the_compiler_would_run_uncompiled(cli, tmp_path):
+def test_stats_says_what_the_compiler_would_run_uncompiled(cli, tmp_path, monkeypatch):
     res = cli(["stats", example("mnist_mlp.json"), "--places", "1", "--compiler", "inductor"])
     assert res.status == 0, res
-    # the commit phase is a segment of its own under the compiler (atomic steps)
-    assert "compiler        inductor: 2 segments (1 in the commit phase), 0 to run " \
+    # the commit phase is a segment of its own under the compiler (atomic steps); its
+    # momentum updates run as foreach calls (runtime.inductor.FOREACH_UPDATES)
+    assert "compiler        inductor: 2 segments (1 in the commit phase), 1 to run " \
         "uncompiled" in res.out, res.out
+    assert "uncompiled    cpu:0 segment 2 (segment(6 ops from momentum#" in res.out
+    assert "its updates (momentum) run as fused foreach calls" in res.out
+    monkeypatch.setenv("SSAEXEC_INDUCTOR_FOREACH", "0")  # compile those too
+    res = cli(["stats", example("mnist_mlp.json"), "--places", "1", "--compiler", "inductor"])
+    assert "2 segments (1 in the commit phase), 0 to run uncompiled" in res.out, res.out
     import ssaexec as se
     from test_control import _program
     path = tmp_path / "cond.json"

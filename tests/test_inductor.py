@@ -77,6 +77,8 @@ def test_inductor_steps_equal_the_compiled_path_in_float64(opt, places, lrs):
     ref_losses, ref_params, _ = _train(opt(), places, None, lrs)
     losses, params, lowering = _train(opt(), places, "inductor", lrs)
     assert lowering.fallbacks == [] and lowering.compiles >= 1
+    # SGD's update is one foreach call: each place's commit segment runs it uncompiled
+    assert lowering.foreach == places
     # ATen ops only, on CPU: every graph's calls are made by Inductor's C++ wrapper
     assert lowering.cpp_wrapped == lowering.compiles
     assert _close(losses, ref_losses, 1e-6)
@@ -95,10 +97,10 @@ def test_inductor_steps_equal_the_compiled_path_in_float64(opt, places, lrs):
 def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():
     ref_losses, ref_params, _ = _train(se.optimizer.SGD(0.1), 1, None, dropout=0.5)
     losses, params, lowering = _train(se.optimizer.SGD(0.1), 1, "inductor", dropout=0.5)
-    assert lowering.fallbacks == [] and lowering.compiles >= 1
-    # the graph that draws calls ssaexec::seeded_call: the Python wrapper (the C++ one
-    # crashed the process on it); the update graph has no draw
-    assert lowering.cpp_wrapped == lowering.compiles - 1
+    # one graph (the SGD update runs its foreach call); it draws, so it calls
+    # ssaexec::seeded_call: the Python wrapper (the C++ one crashed the process on it)
+    assert lowering.fallbacks == [] and lowering.compiles == 1 and lowering.foreach == 1
+    assert lowering.cpp_wrapped == 0
     # the same masks: bit-identical losses would need the same fused arithmetic too
     assert _close(losses, ref_losses, 1e-12)
     assert _close(params.values(), ref_params.values(), 1e-12)
@@ -206,8 +208,8 @@ def test_graphs_follow_their_inputs_layouts_in_a_bounded_cache(monkeypatch, capf
     ref, _ = train(None, strided)
     got, lowering = train("inductor", strided)
     assert _close(got, ref, 1e-12)
-    # the forward+backward graph for the strided shards, the update's (one shape)
-    assert lowering.fallbacks == [] and lowering.compiles == 2
+    # the forward+backward graph for the strided shards (the SGD update: foreach)
+    assert lowering.fallbacks == [] and lowering.compiles == 1
     # said once, by the forward+backward segment, at the packed rows
     assert capfd.readouterr().err.count("has compiled 1 input shapes (MAX_SIGNATURES); "
                                         "other shapes run uncompiled") == 1
@@ -293,7 +295,8 @@ def test_trace_draws_each_compiled_segment_as_one_slice_with_its_ops():
         lowering = pe._runner((loss.name,)).lowering
     finally:
         pe.close()
-    assert lowering.fallbacks == [] and lowering.compiles == 2
+    # forward+backward compiled, the SGD update's foreach call uncompiled: two slices
+    assert lowering.fallbacks == [] and lowering.compiles == 1 and lowering.foreach == 1
     doc = result.to_chrome({"compiler": "inductor"})
     segs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "segment"]
     graph, nodes = result.graph, result.nodes
