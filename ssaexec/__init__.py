@@ -20,10 +20,12 @@ from .graph.build import build_ssa_graph
 from .parallel_executor import ParallelExecutor
 from .data import DataLoader
 from .prefetch import PrefetchLoader
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint, save_parameters
+from .resume import Checkpoints
+from .sampler import EpochSampler
 from .frontends.torch import from_torch, from_torch_eval, write_back
 from .frontends.paddle import from_paddle
-from . import distributed
+from . import distributed, elastic
 
 __version__ = "0.1.0"
 
@@ -36,7 +38,8 @@ __all__ = [
     "Scope", "global_scope", "scope_guard", "Executor", "BuildStrategy", "ExecutionStrategy",
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
     "DataLoader", "PrefetchLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
-    "save_checkpoint", "load_checkpoint", "simulate",
+    "save_checkpoint", "load_checkpoint", "save_parameters", "Checkpoints", "EpochSampler",
+    "elastic", "simulate",
 ]
 
 

@@ -12,8 +12,12 @@ Policy:
   loading never runs code (no pickle); the file opens with the ``safetensors`` library
   alone.
 * **Atomic.** The file is written next to ``path`` under a temporary name, flushed to
-  disk, then renamed over ``path``: a crash leaves the old checkpoint or the new one,
-  never half of one.
+  disk, renamed over ``path``, and the rename itself flushed (the folder's fsync): a
+  crash leaves the old checkpoint or the new one, never half of one
+  (``SSAEXEC_FAULT=kill@save:N`` kills between the write and the rename, ``faults``).
+* **Training state beside the program's.** ``state`` tensors (RNG states, say) are kept
+  under ``@STATE.<name>`` and ``meta`` strings in the header; neither is checked against
+  the program, and ``load_checkpoint(..., state={})`` hands them back (``resume``).
 * **Places.** Values come from place 0, or for ZeRO-sharded optimizer state from the
   owner place; loading writes every place (the owners only, under ZeRO), so a run can
   resume on another number of places.
@@ -30,11 +34,14 @@ import json
 import os
 import tempfile
 
+from . import faults
 from .errors import SSAExecError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "save_parameters", "FORMAT"]
 
 FORMAT = "ssaexec-checkpoint/1"
+STATE = "@STATE."  # prefix of the training-state tensors (not the program's)
+_RESERVED = ("format", "persistables", "program_hash", "places", "runs")
 
 
 def _optional(name):
@@ -92,7 +99,7 @@ def _describe(program, get):
     return out
 
 
-def save_checkpoint(path, target, program=None):
+def save_checkpoint(path, target, program=None, state=None, meta=None):
     """Write ``target``'s persistables to ``path`` (safetensors, atomically).
 
     Parameters
@@ -100,6 +107,10 @@ def save_checkpoint(path, target, program=None):
     path : str or os.PathLike
     target : ParallelExecutor or Scope
         A ``Scope`` needs ``program`` (whose persistables are saved).
+    state : dict of str to tensor, optional
+        More tensors to keep (as ``@STATE.<name>``), not checked against the program.
+    meta : dict of str to str, optional
+        More header entries (not the checkpoint's own keys).
     """
     st = _safetensors()
     program, get, _, places, runs = _target(target, program)
@@ -114,9 +125,30 @@ def save_checkpoint(path, target, program=None):
     layout = {n: [list(t.shape), str(t.dtype).replace("torch.", "")]
               for n, t in tensors.items()}
     body = json.dumps(layout, sort_keys=True)
-    meta = {"format": FORMAT, "persistables": body,
-            "program_hash": hashlib.sha256(body.encode()).hexdigest(),
-            "places": str(places), "runs": str(runs)}
+    clash = sorted(set(meta or ()) & set(_RESERVED))
+    if clash:
+        raise SSAExecError(f"checkpoint meta may not set {', '.join(clash)} (the file's own)")
+    meta = dict(meta or {}) | {"format": FORMAT, "persistables": body,
+                               "program_hash": hashlib.sha256(body.encode()).hexdigest(),
+                               "places": str(places), "runs": str(runs)}
+    for name, t in (state or {}).items():
+        tensors[STATE + name] = t.detach().to("cpu", copy=True).contiguous()
+    _write(st, tensors, path, meta, runs)
+    return meta
+
+
+def save_parameters(path, target, program=None):
+    """Write ``target``'s parameters alone to ``path`` (safetensors, atomically): the
+    trained weights, by var name, for any safetensors reader."""
+    st = _safetensors()
+    program, get, _, _, runs = _target(target, program)
+    tensors = {v.name: get(v.name).detach().to("cpu", copy=True).contiguous()
+               for v in _persistables(program) if v.is_parameter and get(v.name) is not None}
+    _write(st, tensors, path, {"format": "ssaexec-parameters/1", "runs": str(runs)}, None)
+
+
+def _write(st, tensors, path, meta, runs):
+    """Write, fsync, rename, fsync the folder (the atomic policy above)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
@@ -125,19 +157,22 @@ def save_checkpoint(path, target, program=None):
         st.save_file(tensors, tmp, metadata=meta)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        if runs is not None:
+            faults.point("save", runs)
         os.replace(tmp, path)
+        _fsync_folder(folder)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return meta
 
 
-def load_checkpoint(path, target, program=None):
+def load_checkpoint(path, target, program=None, state=None):
     """Load ``path`` into ``target`` (a ParallelExecutor, or a Scope with ``program``).
 
     Returns the checkpoint's metadata. ``SSAExecError`` names every var that is missing,
-    extra, or of another shape or dtype.
+    extra, or of another shape or dtype. A ``state`` dict receives the file's
+    ``@STATE.`` tensors (``save_checkpoint(state=)``), by name.
     """
     st = _safetensors()
     path = os.fspath(path)
@@ -158,6 +193,7 @@ def load_checkpoint(path, target, program=None):
     except Exception as e:  # noqa: BLE001 - a header that lies about the data after it
         raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     program, get, put, _, _ = _target(target, program)
+    kept = {n[len(STATE):]: tensors.pop(n) for n in [n for n in tensors if n.startswith(STATE)]}
     want = {v.name: v for v in _persistables(program)}
     missing = sorted(n for n in want if n not in tensors and not _optional(n)
                      and get(n) is not None)
@@ -180,7 +216,24 @@ def load_checkpoint(path, target, program=None):
             put(n, t)
     if hasattr(target, "local_scopes"):
         target.runs = runs
+    if state is not None:
+        state.update(kept)
     return meta
+
+
+def _fsync_folder(folder):
+    # the rename is an entry of the folder: until the folder is flushed, a power cut may
+    # keep the old entry (POSIX; some filesystems cannot open a folder, and need not)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _clip(value):

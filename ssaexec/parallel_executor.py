@@ -54,7 +54,7 @@ import weakref
 
 import torch
 
-from . import distributed as _distributed
+from . import distributed as _distributed, faults
 from .errors import DistributedError, SSAExecError
 from .executor import Executor, fetch_names
 from .feed import bind_feeds, forget_feeds, place_feeds
@@ -476,6 +476,9 @@ class ParallelExecutor:
                                    "restart every process")
         fetch = fetch_names(fetch_list)
         runner = self._runner(fetch, self._phase())
+        # random ops seed from the executor's run count, whatever runner runs the step, so
+        # a checkpoint's ``runs`` restores the masks of the steps after it (runtime.rng)
+        runner.step[0] = self._micro_step
         per_place = place_feeds(self.program, feed, len(self.places), allow_persistable_feed)
         replaced = []
 
@@ -538,6 +541,7 @@ class ParallelExecutor:
         return self._programs.data_read(self.program)
 
     def _run_distributed(self, runner):
+        faults.arm(self.runs + 1)  # SSAEXEC_FAULT's kill@step: this step's first collective
         try:
             return runner.run(self.exec_strategy.sync)
         except BaseException as e:

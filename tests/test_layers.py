@@ -37,7 +37,7 @@ LAYERS = ["ground", "ops", "program", "graph", "runtime", "executors", "tools"]
 # module (or package prefix) -> layer; the longest matching prefix wins
 PLACEMENT = {
     "ssaexec.errors": "ground", "ssaexec.dtypes": "ground", "ssaexec.place": "ground",
-    "ssaexec.limits": "ground", "ssaexec.strategy": "ground",
+    "ssaexec.limits": "ground", "ssaexec.strategy": "ground", "ssaexec.faults": "ground",
     "ssaexec.ops": "ops",
     "ssaexec.program": "program",
     "ssaexec.graph": "graph",
@@ -47,6 +47,7 @@ PLACEMENT = {
     "ssaexec.threading_probe": "executors", "ssaexec.process_group_setup": "executors",
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
+    "ssaexec.sampler": "executors", "ssaexec.resume": "executors", "ssaexec.elastic": "executors",
     "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.trace": "tools", "ssaexec.sim": "tools",

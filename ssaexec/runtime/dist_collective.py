@@ -53,6 +53,7 @@ import re
 import torch
 import torch.distributed as dist
 
+from .. import faults
 from ..errors import DistributedError, SSAExecError
 from ..ops.sparse import rows_of
 from .collective import LocalCollective, gather_sparse
@@ -174,6 +175,7 @@ class ProcessGroupCollective(LocalCollective):
     def all_reduce_start(self, tensors, average=False, label=None):
         """Sum the places into the first tensor and start the cross-process all-reduce;
         return the function that waits for it and copies the result to every place."""
+        faults.fire()  # SSAEXEC_FAULT's kill@step point: a step's first collective
         acc = tensors[0]
         if acc.is_sparse:
             return self._gather_sparse(tensors, average, label)

@@ -6,7 +6,10 @@ no fixed ``seed`` attribute of its own) must not draw from torch's global
 generator in whatever order the scheduler's threads happen to reach it: its
 masks would change with the number of threads. Instead each call runs with the
 default generator of its device seeded by ``op_seed(program seed, op index,
-place index, step)`` (a SplitMix64 mix, as JAX splits keys), under one lock,
+place index, step)`` (a SplitMix64 mix, as JAX splits keys; ``step`` is the
+runner's step count, which ``ParallelExecutor`` sets to its own run count ``runs``
+before each step, so a resumed checkpoint draws the masks the uninterrupted run would
+have drawn), under one lock,
 and the generator's previous state is restored afterwards, so the caller's own
 random stream is untouched. Results are then identical for any thread count
 and between the compiled and the readable path.

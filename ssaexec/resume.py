@@ -1,0 +1,221 @@
+"""``Checkpoints``: a folder of checkpoints of one training run, and its exact resume.
+
+A crash should cost only the steps since the last checkpoint, and the run resumed from it
+should be the run that crashed, bit for bit. ``torchrun --max-restarts`` restarts the
+processes; this module is the other half: what a checkpoint holds and how a restarted
+process continues from it.
+
+What a checkpoint holds (``step-<8 digits>.safetensors``, one ``checkpoint.save_checkpoint``
+file): every persistable (parameters, optimizer state with ZeRO shards gathered from their
+owner places, the learning-rate schedule's counter ``@LR.step``, fp16 loss scaling,
+gradient accumulators), the executor's run counter (the per-step seeds of random ops are a
+function of it, ``runtime.rng``), each rank's torch RNG states (CPU, and CUDA of its
+places), the data position (``sampler.EpochSampler``), the step, and the world size.
+
+Policy and invariants:
+
+* **Rank 0 writes, every rank calls.** Parameters and optimizer state are the same on
+  every rank after a step; the RNG states are gathered to rank 0 (one small collective),
+  so ``save`` is a collective too. Only files whose rename completed carry the name
+  pattern, so a save killed half way is never loaded; its temporary file is removed by
+  the next ``resume``.
+* **The folder is shared.** Every rank loads the checkpoint rank 0 chose (its name is
+  broadcast), from the same folder: on several machines it must be shared storage. A rank
+  that cannot read it raises ``DistributedError`` naming the file.
+* **Newest readable wins.** ``resume`` takes the newest checkpoint that reads; one that
+  does not (a disk error) is named on stderr and the one before it is tried.
+* **Keep the last few.** After a save, all but the ``keep`` newest are deleted (rank 0).
+* **Another world size** is a resume like any other: parameters and optimizer state do
+  not depend on it, the sampler reshards the same next global batch
+  (``EpochSampler.reshard``), and rank ``r`` takes the RNG state saved by rank
+  ``r % saved world size``.
+"""
+
+import json
+import os
+import re
+import sys
+
+import torch
+
+from . import distributed
+from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import DistributedError, SSAExecError
+
+__all__ = ["Checkpoints"]
+
+_NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+_TEMP = re.compile(r"^\.ckpt-.*\.tmp$")
+META = "training"  # the header entry with the step, the data position and the world size
+
+
+class Checkpoints:
+    """Save a run every ``every`` steps to ``directory`` and resume it exactly.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        Created if missing. Shared by every rank (see the module docstring).
+    every : int, optional
+        ``maybe_save`` saves after every ``every``-th step (None: only ``save``).
+    keep : int
+        Checkpoints kept (the newest).
+    log : callable, optional
+        Where rank 0's one-line notes go (default: stderr).
+
+    ``last`` is the path of the newest checkpoint saved or resumed from (None before).
+    """
+
+    __slots__ = ("directory", "every", "keep", "log", "last", "last_step")
+
+    def __init__(self, directory, every=None, keep=3, log=None):
+        self.directory = os.fspath(directory)
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool)
+                                  or every < 1):
+            raise SSAExecError(f"checkpoint every must be a positive number of steps, "
+                               f"got {every!r}")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise SSAExecError(f"keep must be at least 1 checkpoint, got {keep!r}")
+        self.every, self.keep = every, keep
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.last, self.last_step = None, None
+        os.makedirs(self.directory, exist_ok=True)
+
+    # --- the folder -----------------------------------------------------------------------
+    def path(self, step):
+        """Where the checkpoint after ``step`` steps goes."""
+        return os.path.join(self.directory, f"step-{int(step):08d}.safetensors")
+
+    def steps(self):
+        """The steps of the complete checkpoints in the folder, oldest first."""
+        found = (_NAME.match(n) for n in os.listdir(self.directory))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    # --- saving ---------------------------------------------------------------------------
+    def maybe_save(self, pe, step, sampler=None):
+        """``save`` when ``step`` is a multiple of ``every``; returns the path or None."""
+        if self.every is None or step % self.every:
+            return None
+        return self.save(pe, step, sampler)
+
+    def save(self, pe, step, sampler=None):
+        """Checkpoint ``pe`` after ``step`` steps (every rank calls it; rank 0 writes).
+
+        Returns the checkpoint's path.
+        """
+        rngs = _rng_states(pe)
+        world = distributed.world_size()
+        if world > 1:
+            rngs = distributed.collective().gather_objects(rngs, "gather of the RNG states")
+        else:
+            rngs = [rngs]
+        path = self.path(step)
+        if distributed.rank() == 0:
+            state = {f"rng.{r}.{k}": t for r, states in enumerate(rngs)
+                     for k, t in states.items()}
+            training = {"step": int(step), "world_size": world,
+                        "sampler": sampler.state_dict() if sampler is not None else None}
+            save_checkpoint(path, pe, state=state, meta={META: json.dumps(training)})
+            for old in self.steps()[:-self.keep]:
+                _remove(self.path(old))
+        self.last, self.last_step = path, int(step)
+        return path
+
+    # --- resuming -------------------------------------------------------------------------
+    def resume(self, pe, sampler=None):
+        """Continue from the newest checkpoint, if any: load it into ``pe`` (every place),
+        restore this rank's RNG states and the sampler's position (resharded for this
+        world). Every rank calls it. Returns the step to continue from (0: none found).
+        """
+        choice = self._choose() if distributed.rank() == 0 else None
+        if distributed.world_size() > 1:
+            choice = distributed.collective().gather_objects(
+                choice, "broadcast of the checkpoint to resume from")[0]
+        if choice is None:
+            return 0
+        path = self.path(choice)
+        state = {}
+        try:
+            meta = load_checkpoint(path, pe, state=state)
+        except SSAExecError as e:
+            if distributed.world_size() > 1 and not os.path.exists(path):
+                raise DistributedError(
+                    f"rank {distributed.rank()}: cannot read {path}, the checkpoint rank 0 "
+                    "resumes from: the checkpoint folder must be shared by every machine "
+                    "(it is not on this one)") from e
+            raise
+        training = _training_meta(meta, path)
+        if sampler is not None:
+            if training["sampler"] is None:
+                raise SSAExecError(f"{path} holds no data position (saved without a sampler)")
+            sampler.load_state_dict(training["sampler"])
+            sampler.reshard()
+        _set_rng_states(pe, state, training["world_size"])
+        self.last, self.last_step = path, training["step"]
+        if distributed.rank() == 0:
+            self.log(f"resumed from {path} (step {training['step']}, saved by "
+                     f"{training['world_size']} process(es), now {distributed.world_size()})")
+        return training["step"]
+
+    def _choose(self):
+        """Rank 0: the newest step whose checkpoint reads, after removing dead temp files."""
+        for name in os.listdir(self.directory):
+            if _TEMP.match(name):  # a save killed before its rename: never a checkpoint
+                _remove(os.path.join(self.directory, name))
+                self.log(f"removed {name} in {self.directory}: a save that did not finish")
+        for step in reversed(self.steps()):
+            path = self.path(step)
+            try:
+                from safetensors import safe_open
+                with safe_open(path, framework="pt") as f:
+                    _training_meta(f.metadata() or {}, path)
+                return step
+            except Exception as e:  # noqa: BLE001 - unreadable: say so, try the one before
+                self.log(f"skipping {path}: {type(e).__name__}: {e}")
+        return None
+
+
+def _training_meta(meta, path):
+    text = meta.get(META)
+    try:
+        training = json.loads(text) if isinstance(text, str) and len(text) < 1 << 16 else None
+    except ValueError:
+        training = None
+    ok = isinstance(training, dict) and isinstance(training.get("step"), int) and \
+        isinstance(training.get("world_size"), int) and training["world_size"] >= 1 and \
+        isinstance(training.get("sampler"), (dict, type(None)))
+    if not ok:
+        raise SSAExecError(f"{path}: not a checkpoint of a training run (no valid "
+                           f"{META!r} entry in its header)")
+    return training
+
+
+def _rng_states(pe):
+    states = {"cpu": torch.get_rng_state()}
+    for p in getattr(pe, "places", ()):
+        if p.is_cuda:
+            states[f"cuda{p.device_index}"] = torch.cuda.get_rng_state(p.device_index)
+    return states
+
+
+def _set_rng_states(pe, state, saved_world):
+    r = distributed.rank() % saved_world
+    prefix = f"rng.{r}."
+    for key, t in state.items():
+        if not key.startswith(prefix):
+            continue
+        kind = key[len(prefix):]
+        t = t.to(torch.uint8)
+        if kind == "cpu":
+            torch.set_rng_state(t)
+        elif kind.startswith("cuda") and torch.cuda.is_available():
+            idx = int(kind[4:])
+            if idx < torch.cuda.device_count():
+                torch.cuda.set_rng_state(t, idx)
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
