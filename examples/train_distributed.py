@@ -36,34 +36,43 @@ from ssaexec.models import build_mlp, make_optimizer  # noqa: E402
 IN_DIM, HIDDEN, CLASSES = 32, (64, 32), 10
 
 
-def synthetic_dataset(n, dtype="float32", seed=0, shape=(IN_DIM,)):
+def synthetic_dataset(n, dtype="float32", seed=0, shape=(IN_DIM,), label="label"):
     """``n`` samples of a learnable task (the label depends on the input); same on every rank."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, *shape, generator=g, dtype=getattr(torch, dtype))
     w = torch.randn(x[0].numel(), CLASSES, generator=g, dtype=x.dtype)
-    label = (x.reshape(n, -1) @ w).argmax(dim=1, keepdim=True)
-    return {"img": x, "label": label}
+    return {"img": x, label: (x.reshape(n, -1) @ w).argmax(dim=1, keepdim=True)}
+
+
+class SmallCNN(torch.nn.Module):
+    """conv-relu-pool and a linear classifier, for 1x8x8 images (``--model cnn``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 4 * 4, CLASSES)
+
+    def forward(self, img):  # the argument's name is the program's feed
+        h = torch.nn.functional.max_pool2d(torch.relu(self.conv(img)), 2)
+        return self.fc(h.flatten(1))
 
 
 def build(model, dtype, lr, seed):
-    """(main, startup, loss, sample shape) of ``model``: ``mlp``, built with the layers
-    API, or ``cnn``, a ``torch.nn`` CNN imported with ``se.from_torch``."""
+    """(main, startup, loss, sample shape, label feed) of ``model``: ``mlp``, built with
+    the layers API, or ``cnn``, a ``torch.nn`` CNN imported with ``se.from_torch``."""
     optimizer = make_optimizer("momentum", lr)
     if model == "mlp":
         return (*build_mlp(dtype, optimizer, seed=seed, in_dim=IN_DIM, hidden=HIDDEN,
-                           classes=CLASSES), (IN_DIM,))
+                           classes=CLASSES), (IN_DIM,), "label")
     torch.manual_seed(seed)  # the module's initial weights (rank 0's are broadcast anyway)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, CLASSES)).to(getattr(torch, dtype))
+    net = SmallCNN().to(getattr(torch, dtype))
     shape = (1, 8, 8)
-    example = synthetic_dataset(2, dtype, seed, shape)
+    example = synthetic_dataset(2, dtype, seed, shape, "target")  # from_torch's label feed
 
-    def loss_fn(logits, label):
-        return torch.nn.functional.cross_entropy(logits, label.reshape(-1))
-    main, startup, loss = se.from_torch(net, {"img": example["img"], "label": example["label"]},
-                                        loss_fn=loss_fn, optimizer=optimizer)
-    return main, startup, loss, shape
+    def loss_fn(logits, target):
+        return torch.nn.functional.cross_entropy(logits, target.reshape(-1))
+    main, startup, loss = se.from_torch(net, example, loss_fn=loss_fn, optimizer=optimizer)
+    return main, startup, loss, shape, "target"
 
 
 def train(steps=5, batch_size=64, places=None, dtype="float32", lr=0.05, seed=0, log=print,
@@ -77,8 +86,9 @@ def train(steps=5, batch_size=64, places=None, dtype="float32", lr=0.05, seed=0,
     samples). Returns the losses averaged over processes, one per step run here.
     """
     world, rank = dist.world_size(), dist.rank()
-    main, startup, loss, shape = build(model, dtype, lr, seed)
-    data = synthetic_dataset(samples or steps * batch_size, dtype, seed, shape)  # the same everywhere
+    main, startup, loss, shape, label = build(model, dtype, lr, seed)
+    # the same dataset on every rank
+    data = synthetic_dataset(samples or steps * batch_size, dtype, seed, shape, label)
     sampler = se.EpochSampler(len(data["img"]), batch_size, seed=seed, shuffle=shuffle)
     ckpts = se.Checkpoints(checkpoint_dir, every=checkpoint_every, keep=keep, log=log) \
         if checkpoint_dir else None

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from .errors import DistributedError
+from .rendezvous_store import agent_store_is_shared, fresh_store
 from .strategy import BuildStrategy
 
 __all__ = ["init", "shutdown", "abort", "is_initialized", "info", "rank", "world_size",
@@ -197,6 +198,9 @@ def init(backend=None, timeout=DEFAULT_TIMEOUT, places=None, debug=None):
             if standalone:
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                         timeout=td)
+            elif agent_store_is_shared():  # torchrun's long-lived store: meet in a fresh one
+                dist.init_process_group(backend, store=fresh_store(rank, world, secs),
+                                        rank=rank, world_size=world, timeout=td)
             else:
                 dist.init_process_group(backend, init_method="env://", rank=rank,
                                         world_size=world, timeout=td)

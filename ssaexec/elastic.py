@@ -20,6 +20,12 @@ stopped answering within the group's timeout) or any other exception of a step i
 3. ends the process with status 1 at once (``os._exit``: no atexit teardown of a process
    group whose peers are gone, which can block).
 
+torchrun's agent stops the other workers of a machine with SIGTERM when one of them
+fails; inside the guard (main thread) that SIGTERM also ends in one line, then status 143.
+A process that finds the store unreachable also ends its own torchrun agent (SIGTERM, then
+SIGKILL after 1 s), which would otherwise block in a store call on the dead link for as
+long as TCP keeps retransmitting (about 15 minutes) and could not rejoin anyway.
+
 Entering the guard is a collective: rank 0's token, broadcast, names this run of the
 group in the store (a restarted group gets a new one, so an old round's answers never
 count).
@@ -29,7 +35,9 @@ import contextlib
 import datetime
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
 
 from . import distributed
@@ -71,6 +79,17 @@ def roll_call(group, grace=DEFAULT_GRACE):
     """
     if group.store is None:
         return None
+    # a store call on a cut link can block past the store's own timeout (``check`` has
+    # none): the call runs in a daemon thread, and no answer in time means no store
+    answer = []
+    t = threading.Thread(target=lambda: answer.append(_answer(group, grace)), daemon=True,
+                         name="ssaexec-roll-call")
+    t.start()
+    t.join(grace + 0.5)
+    return answer[0] if answer else None
+
+
+def _answer(group, grace):
     prefix = f"ssaexec/roll-call/{group.token}/"
     try:
         group.store.set(prefix + str(group.rank), "1")
@@ -94,11 +113,15 @@ def _line(group, step, lost, grace, checkpoints, exc):
                 "off, or the store's node is lost)")
     elif lost:
         what = f"rank(s) {', '.join(map(str, lost))} lost (no answer within {grace:g} s)"
+    elif isinstance(exc, _Stopped):
+        what = str(exc)
     else:
         first = str(exc).splitlines()[0] if str(exc) else ""
         what = f"{type(exc).__name__}: {first}"
-    if checkpoints is not None and checkpoints.last is not None:
-        last = f"last checkpoint {checkpoints.last} (step {checkpoints.last_step})"
+    # the folder, not this rank's memory: rank 0 may have died before or after a rename
+    steps = checkpoints.steps() if checkpoints is not None else []
+    if steps:
+        last = f"last checkpoint {checkpoints.path(steps[-1])} (step {steps[-1]})"
     elif checkpoints is not None:
         last = "no checkpoint yet (a restart begins at step 0)"
     else:
@@ -127,7 +150,7 @@ def guard(checkpoints=None, grace=DEFAULT_GRACE, exit=True):
     Parameters
     ----------
     checkpoints : resume.Checkpoints, optional
-        Named in the line (its ``last``).
+        Its folder's newest complete checkpoint is named in the line.
     grace : float
         Seconds the roll call waits for the other survivors.
     exit : bool
@@ -136,14 +159,73 @@ def guard(checkpoints=None, grace=DEFAULT_GRACE, exit=True):
     Yields an object whose ``step`` the loop may set (the step in progress), for the line.
     """
     g = _Guard(checkpoints, grace)
+    previous = _on_sigterm(g) if exit else None
     try:
         yield g
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:
         lost = roll_call(g.group, grace) if isinstance(e, DistributedError) else []
-        print(_line(g.group, g.step, lost, grace, checkpoints, e), file=sys.stderr, flush=True)
+        _say(_line(g.group, g.step, lost, grace, checkpoints, e))
         if not exit:
             raise
+        if lost is None and g.group.world > 1:
+            _end_agent()
         sys.stdout.flush()
         os._exit(1)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _end_agent():
+    # Cut off from the rendezvous store, this machine's torchrun agent blocks in a store
+    # call that TCP abandons only after its retransmission limit (about 15 minutes by
+    # default): it can neither rejoin nor leave. The run goes on without this machine, so
+    # end the agent (SIGTERM: it stops its workers and exits) rather than leave it hung.
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            parent = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return
+    if os.environ.get("TORCHELASTIC_RUN_ID") and ("torchrun" in parent or
+                                                  "torch.distributed.run" in parent):
+        _say(f"ssaexec: rank {distributed.rank()}: ending this machine's torchrun (pid "
+             f"{ppid}): cut off from the rendezvous, it cannot rejoin")
+        # SIGTERM first; blocked inside a C++ store call its handler never runs, so SIGKILL
+        try:
+            os.kill(ppid, signal.SIGTERM)
+            deadline = time.monotonic() + 1.0
+            while os.getppid() == ppid and time.monotonic() < deadline:
+                time.sleep(0.05)  # waiting for another process to die: no event to wait on
+            if os.getppid() == ppid:
+                os.kill(ppid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _say(line):
+    # one write of the whole line: several ranks share a log, and print() writes the
+    # text and the newline apart
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+class _Stopped(Exception):
+    """What the line says of a SIGTERM."""
+
+    def __str__(self):
+        return "torchrun stopped this worker (SIGTERM: a worker of this machine failed)"
+
+
+def _on_sigterm(g):
+    # torchrun's agent stops every worker of its machine with SIGTERM when one fails; the
+    # line then says so (and which step and checkpoint), instead of a silent death
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        _say(_line(g.group, g.step, [], g.grace, g.checkpoints, _Stopped()))
+        os._exit(128 + signal.SIGTERM)
+    return signal.signal(signal.SIGTERM, stop)

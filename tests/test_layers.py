@@ -47,7 +47,7 @@ PLACEMENT = {
     "ssaexec.threading_probe": "executors", "ssaexec.process_group_setup": "executors",
     "ssaexec.feed": "executors", "ssaexec.data": "executors",
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
-    "ssaexec.sampler": "executors", "ssaexec.resume": "executors", "ssaexec.elastic": "executors",
+    "ssaexec.sampler": "executors", "ssaexec.rendezvous_store": "executors", "ssaexec.resume": "executors", "ssaexec.elastic": "executors",
     "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.trace": "tools", "ssaexec.sim": "tools",
