@@ -41,9 +41,9 @@ _WHERE = ("step", "save")
 def _parse(text):
     plan = []
     for i, entry in enumerate(e.strip() for e in text.split(",") if e.strip()):
-        kind, _, rest = entry.partition("@")
+        action, _, rest = entry.partition("@")
         parts = rest.split(":")
-        if kind != "kill" or len(parts) not in (2, 3) or parts[0] not in _WHERE or \
+        if action != "kill" or len(parts) not in (2, 3) or parts[0] not in _WHERE or \
                 not all(p.isdigit() for p in parts[1:]):
             raise SSAExecError(f"{ENV} entry {i} {entry!r}: expected kill@step:STEP[:RANK] or "
                                "kill@save:STEP[:RANK]")

@@ -204,14 +204,13 @@ def _set_rng_states(pe, state, saved_world):
     for key, t in state.items():
         if not key.startswith(prefix):
             continue
-        kind = key[len(prefix):]
+        generator = key[len(prefix):]  # "cpu" or "cuda<device index>"
         t = t.to(torch.uint8)
-        if kind == "cpu":
+        if generator == "cpu":
             torch.set_rng_state(t)
-        elif kind.startswith("cuda") and torch.cuda.is_available():
-            idx = int(kind[4:])
-            if idx < torch.cuda.device_count():
-                torch.cuda.set_rng_state(t, idx)
+        elif generator.startswith("cuda") and generator[4:].isdigit() and \
+                torch.cuda.is_available() and int(generator[4:]) < torch.cuda.device_count():
+            torch.cuda.set_rng_state(t, int(generator[4:]))
 
 
 def _remove(path):

@@ -2,7 +2,7 @@
 
 The layers, bottom to top (docs/architecture.md draws them):
 
-    ground     errors, dtypes, place, limits, strategy  (import nothing of ours but errors)
+    ground     errors, dtypes, place, limits, strategy, faults  (import nothing of ours but errors)
     ops        the op registry (a leaf), schemas, the policy, the kernels
     program    ProgramDesc, its codecs and checks, the builder, backward, optimizers
     graph      SSA handles and graphs, building, aliasing, analysis, pictures
