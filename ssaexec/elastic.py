@@ -16,7 +16,7 @@ stopped answering within the group's timeout) or any other exception of a step i
    fails its peers' collectives too. A process that cannot reach the store itself (its
    own link is cut, or the store's node is gone) says so;
 2. prints one line to stderr, e.g. ``ssaexec: rank 1 of 6 stopped at step 17: rank(s) 4,
-   5 lost (no answer within 5 s); last checkpoint /ck/step-00000015.safetensors (step 15)``;
+   5 lost (no answer within 3 s); last checkpoint /ck/step-00000015.safetensors (step 15)``;
 3. ends the process with status 1 at once (``os._exit``: no atexit teardown of a process
    group whose peers are gone, which can block).
 
@@ -45,7 +45,7 @@ from .errors import DistributedError
 
 __all__ = ["guard", "roll_call", "DEFAULT_GRACE"]
 
-DEFAULT_GRACE = 5.0
+DEFAULT_GRACE = 3.0
 
 
 class _Group:

@@ -12,7 +12,8 @@ from outside lands wherever the clock puts it; this module lets a test put it th
   checkpoint after step ``STEP`` is written to its temporary file and not yet renamed);
 * ``STEP`` counts steps from 1 (``ParallelExecutor.runs`` after the step; a checkpoint's
   step);
-* ``RANK`` (default 0) is the global rank that dies.
+* ``RANK`` (default 0) is the global rank that dies (a ``save`` point is met by rank 0
+  alone: it writes the checkpoints).
 
 The ``i``-th entry fires only in attempt ``i`` of the run (``TORCHELASTIC_RESTART_COUNT``,
 which torchrun sets, 0 for the first start), so each restart meets the next crash rather

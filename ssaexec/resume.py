@@ -132,6 +132,8 @@ class Checkpoints:
             choice = distributed.collective().gather_objects(
                 choice, "broadcast of the checkpoint to resume from")[0]
         if choice is None:
+            if distributed.rank() == 0:
+                self.log(f"no checkpoint in {self.directory}: starting at step 0")
             return 0
         path = self.path(choice)
         state = {}

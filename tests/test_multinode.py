@@ -208,7 +208,7 @@ def test_a_node_cut_off_of_three_is_detected_and_the_run_finishes_on_two(tmp_pat
     text = _read(logs[0]) + _read(logs[1])
     # the survivors named the cut-off node's ranks and the checkpoint they resume from
     lost = re.findall(r"ssaexec: rank \d of 6 stopped at step \d+: rank\(s\) ([\d, ]+) lost "
-                      r"\(no answer within 5 s\); last checkpoint \S+step-(\d+)", text)
+                      r"\(no answer within 3 s\); last checkpoint \S+step-(\d+)", text)
     assert lost and all(r == lost[0][0] for r, _ in lost) and len(lost[0][0].split(",")) == 2, \
         _tails(logs)
     assert "does not answer (this node is cut off" in node2, node2[-3000:]
