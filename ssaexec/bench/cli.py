@@ -344,7 +344,7 @@ def run(args):
     result = {"schema": SCHEMA, "machine": machine,
               "settings": dict(s, places=counts, device=device, interleave=interleave,
                                modes=modes),
-              "runs": runs, "comparisons": compare(runs, counts),
+              "runs": runs, "comparisons": compare(runs, counts, s.get("model")),
               "wall_seconds": time.perf_counter() - t_start}
     report(result, json_path, plot_path)
     return result

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..place import available_cores
 from .models import repo_root, title_size
 
-__all__ = ["TARGETS", "machine_description", "load_average", "summarise", "compare", "table", "plot",
+__all__ = ["TARGETS", "MODEL_TARGETS", "machine_description", "load_average", "summarise", "compare", "table", "plot",
            "report"]
 
 TARGETS = [
@@ -45,6 +45,13 @@ TARGETS = [
     ("ssaexec-inductor@N / torch-compile-ddp@N images/sec", ("ssaexec-inductor", "N"),
      ("torch-compile-ddp", "N"), "ips", ">=", 1.5),
 ]
+
+# issue 32's targets where they differ by model: a kernel-bound ResNet runs the same
+# kernels whoever compiles them, so there the compiled step is to be level, not 2x
+MODEL_TARGETS = {
+    "resnet18": {"ssaexec-inductor@1 / torch-compile images/sec": 1.0,
+                 "ssaexec-inductor@N / torch-compile-ddp@N images/sec": 1.0},
+}
 
 
 def machine_description():
@@ -112,12 +119,15 @@ def summarise(runs, s):
         r["efficiency"] = r["speedup"] / r["places"] if r["speedup"] is not None else None
 
 
-def compare(runs, counts):
-    """The ``TARGETS`` that ``runs`` can answer, with their ratios, for ``N = counts[-1]``."""
+def compare(runs, counts, model=None):
+    """The ``TARGETS`` that ``runs`` can answer, with their ratios, for ``N = counts[-1]``
+    (thresholds of ``model`` from ``MODEL_TARGETS`` where it has its own)."""
     by = {(r["mode"], r["places"]): r for r in runs if r.get("error") is None}
     n = counts[-1]
     out = []
+    own = MODEL_TARGETS.get(model, {})
     for name, num, den, what, op, threshold in TARGETS:
+        threshold = own.get(name, threshold)
         a = by.get((num[0], n if num[1] == "N" else num[1]))
         b = by.get((den[0], n if den[1] == "N" else den[1]))
         if a is None or b is None or (a is b) or (num[1] == "N" and n == 1):
