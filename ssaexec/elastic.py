@@ -216,7 +216,9 @@ class _Stopped(Exception):
     """What the line says of a SIGTERM."""
 
     def __str__(self):
-        return "torchrun stopped this worker (SIGTERM: a worker of this machine failed)"
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            return "torchrun stopped this worker (SIGTERM: a worker of this machine failed)"
+        return "stopped by SIGTERM"
 
 
 def _on_sigterm(g):
