@@ -12,7 +12,7 @@ from .program.builder import program_guard
 from .program.desc import Program
 
 __all__ = ["build_uci_housing", "build_seed_mlp", "build_mlp", "build_cnn", "build_resnet",
-           "make_optimizer", "MODELS", "build_model"]
+           "build_bert", "make_optimizer", "MODELS", "build_model"]
 
 
 def make_optimizer(name="sgd", learning_rate=0.01, **kw):
@@ -174,6 +174,61 @@ def build_resnet(depth=18, image_size=32, classes=10, dtype="float32", optimizer
     return _finish(main, startup, loss, optimizer)
 
 
+def _attention(x, hidden, heads, dropout):
+    def split_heads(t):  # [B, S, H] -> [B, heads, S, H / heads]
+        return L.transpose(L.reshape(t, [0, 0, heads, hidden // heads]), [0, 2, 1, 3])
+    q, k, v = (split_heads(L.fc(x, hidden, num_flatten_dims=2)) for _ in range(3))
+    scores = L.matmul(q, k, transpose_y=True, alpha=(hidden // heads) ** -0.5)
+    p = L.dropout(L.softmax(scores), dropout)
+    ctx = L.reshape(L.transpose(L.matmul(p, v), [0, 2, 1, 3]), [0, 0, hidden])
+    return L.dropout(L.fc(ctx, hidden, num_flatten_dims=2), dropout)
+
+
+def build_bert(layers=24, hidden=1024, heads=16, seq_len=128, vocab=30528, masked=20,
+               dtype="float32", optimizer=None, seed=0, dropout=0.1):
+    """BERT pre-training (BERT-Large by default): an encoder with a masked-LM and a
+    next-sentence head.
+
+    The masked-LM head runs on ``masked`` positions per sequence (BERT's
+    ``max_predictions_per_seq``: 20 at sequence length 128, 80 at 512), taken as the
+    first ones (a ``split``; the real model gathers them: the same sizes and cost),
+    with the decoder tied to the word embedding. Used by the simulator's validation
+    against published BERT throughput (docs/simulator.md).
+    """
+    if hidden % heads:
+        raise ValueError(f"hidden {hidden} is not a multiple of heads {heads}")
+    if not 0 < masked < seq_len:
+        raise ValueError(f"masked must be in (0, seq_len), got {masked}")
+    main, startup = Program(seed), Program(seed)
+    with program_guard(main, startup):
+        ids = L.data("input_ids", [-1, seq_len], "int64")
+        types = L.data("token_type_ids", [-1, seq_len], "int64")
+        pos = L.data("position_ids", [-1, seq_len], "int64")
+        mlm_label = L.data("masked_lm_labels", [-1, masked, 1], "int64")
+        nsp_label = L.data("next_sentence_labels", [-1, 1], "int64")
+        words = L.embedding(ids, [vocab, hidden], name="word_embedding", dtype=dtype)
+        h = L.elementwise_add(L.elementwise_add(
+            words, L.embedding(pos, [512, hidden], name="position_embedding", dtype=dtype)),
+            L.embedding(types, [2, hidden], name="type_embedding", dtype=dtype))
+        h = L.dropout(L.layer_norm(h, begin_norm_axis=2), dropout)
+        for _ in range(layers):
+            h = L.layer_norm(L.elementwise_add(h, _attention(h, hidden, heads, dropout)),
+                             begin_norm_axis=2)
+            ffn = L.fc(L.fc(h, 4 * hidden, num_flatten_dims=2, act="gelu"), hidden,
+                       num_flatten_dims=2)
+            h = L.layer_norm(L.elementwise_add(h, L.dropout(ffn, dropout)), begin_norm_axis=2)
+        cls, _ = L.split(h, [1, seq_len - 1], dim=1)
+        pooled = L.fc(L.reshape(cls, [0, hidden]), hidden, act="tanh")
+        nsp = L.mean(L.softmax_with_cross_entropy(L.fc(pooled, 2), nsp_label))
+        picked, _ = L.split(h, [masked, seq_len - masked], dim=1)
+        t = L.layer_norm(L.fc(picked, hidden, num_flatten_dims=2, act="gelu"),
+                         begin_norm_axis=2)
+        logits = L.matmul(t, main.global_block().var("word_embedding.w_0"), transpose_y=True)
+        mlm = L.mean(L.softmax_with_cross_entropy(logits, mlm_label))
+        loss = L.elementwise_add(mlm, nsp)
+    return _finish(main, startup, loss, optimizer)
+
+
 MODELS = {
     "uci_housing": build_uci_housing,
     "seed_mlp": build_seed_mlp,
@@ -182,6 +237,8 @@ MODELS = {
     "resnet18": lambda **kw: build_resnet(18, **kw),
     "resnet50": lambda **kw: build_resnet(50, **kw),
     "resnext50": lambda **kw: build_resnet(50, cardinality=32, width=4, **kw),
+    "bert-large": build_bert,
+    "bert-base": lambda **kw: build_bert(**dict(dict(layers=12, hidden=768, heads=12), **kw)),
 }
 
 

@@ -86,7 +86,7 @@ def _ring(cluster, model, nbytes, ranks):
     nodes, g = cluster.layout(ranks)
     intra, inter = cluster.intra, cluster.inter
     steps, share, inter_steps = model.ring_steps(ranks, nodes)
-    bw = intra.bandwidth if nodes == 1 else min(intra.bandwidth, inter.bandwidth)
+    bw = intra.bus if nodes == 1 else min(intra.bus, inter.bus)
     lat = (steps - inter_steps) * intra.latency + inter_steps * inter.latency
     return lat + share * nbytes / bw
 
@@ -94,7 +94,7 @@ def _ring(cluster, model, nbytes, ranks):
 def _tree(cluster, nbytes, ranks):
     nodes, g = cluster.layout(ranks)
     intra, inter = cluster.intra, cluster.inter
-    bw = intra.bandwidth if nodes == 1 else min(intra.bandwidth, inter.bandwidth)
+    bw = intra.bus if nodes == 1 else min(intra.bus, inter.bus)
     if nodes == 1:
         return tree_all_reduce(nbytes, ranks, intra.latency, bw)
     lat = 2 * ((g - 1) * intra.latency + math.ceil(math.log2(nodes)) * inter.latency)
@@ -147,8 +147,8 @@ class AllReduce(Collective):
             "ring": _ring(cluster, self, nbytes, ranks),
             "tree": _tree(cluster, nbytes, ranks),
             "hierarchical": hierarchical_all_reduce(
-                nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bandwidth),
-                (cluster.inter.latency, cluster.inter.bandwidth)),
+                nbytes, nodes, g, (cluster.intra.latency, cluster.intra.bus),
+                (cluster.inter.latency, cluster.inter.bus)),
         }
 
 

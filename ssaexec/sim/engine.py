@@ -48,7 +48,8 @@ The model, resource by resource:
 
 Every interval the replay books is an ``Activity`` that remembers the activity whose
 end let it start; walking back from the last one gives the critical path, and its
-time split by category (device, host, gil, comm, hop) says what bounds the step.
+time split by category (device, optimizer, host, gil, comm, hop) says what bounds the
+step; ``optimizer`` is the device time of the updates (fused or one by one).
 """
 
 import dataclasses
@@ -255,7 +256,7 @@ class _Replay:
         thread.last = a
         return a.end
 
-    def cpu_kernel(self, thread, seconds, label, ncores=None):
+    def cpu_kernel(self, thread, seconds, label, ncores=None, cat="device"):
         """A CPU place's kernel: ``ncores`` cores for ``seconds`` on the calling thread."""
         if seconds <= 0:
             return self.now
@@ -266,7 +267,7 @@ class _Replay:
         busy = k + sum(1 for c in self.cores if c not in chosen and c.free > start)
         busy = min(self.host.cores, busy * self.procs_per_node)
         seconds *= self.slowdown * self.alone / _core_speed(self.host, busy)
-        a = self.act(start, start + seconds, "device", label, prev)
+        a = self.act(start, start + seconds, cat, label, prev)
         for c in chosen:
             c.free, c.last = a.end, a
         thread.last = a
@@ -304,16 +305,18 @@ class _Replay:
     def op(self, thread, h):
         c = self.cost(h)
         label = h.name
+        cat = "optimizer" if getattr(getattr(h, "op", None), "role", None) == "optimize" \
+            else "device"
         t = self.host_work(thread, c.host_s, label)
         if self.gpu:
             place = h.place_idx if h.on_one_place else 0
             a = self.stream_work(self.streams[place][h.stream], c.device_s, label,
-                                 [(t, thread.last)] + self.deps(h), place=place)
+                                 [(t, thread.last)] + self.deps(h), cat, place=place)
             self.dev_end[h.id] = (a.end, a)
             yield t
             return
         yield t
-        end = self.cpu_kernel(thread, c.device_s, label)
+        end = self.cpu_kernel(thread, c.device_s, label, cat=cat)
         self.dev_end[h.id] = (end, thread.last)
         yield end
 
@@ -327,13 +330,13 @@ class _Replay:
             slot = self.streams[h.place_idx]["compute"]
             deps = [d for g in group for d in self.deps(g)]
             a = self.stream_work(slot, device_s, label, [(t, thread.last)] + deps,
-                                 place=h.place_idx)
+                                 "optimizer", place=h.place_idx)
             for g in group:
                 self.dev_end[g.id] = (a.end, a)
             yield t
             return
         yield t
-        end = self.cpu_kernel(thread, device_s, label)
+        end = self.cpu_kernel(thread, device_s, label, cat="optimizer")
         for g in group:
             self.dev_end[g.id] = (end, thread.last)
         yield end

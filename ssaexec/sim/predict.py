@@ -26,7 +26,10 @@ import math
 from ..graph.build import build_ssa_graph
 from ..place import CPUPlace, CUDAPlace
 from ..strategy import BuildStrategy
+from .efficiency import interference
 from .engine import simulate_step
+from .input_pipeline import input_cost
+from .stragglers import jitter_s
 
 __all__ = ["LAYOUTS", "Prediction", "build_graph", "predict", "scaling", "sweep_bucket_mb"]
 
@@ -38,7 +41,7 @@ class Prediction:
 
     __slots__ = ("ranks", "layout", "places", "processes", "cuda_graph", "step_s",
                  "images_per_sec", "efficiency", "comm_exposed_s", "result", "batch",
-                 "accumulation", "notes")
+                 "accumulation", "notes", "jitter_s", "input", "breakdown")
 
     def __init__(self, **kw):
         for k in self.__slots__:
@@ -56,11 +59,23 @@ class Prediction:
             return "-"
         total = sum(cats.values()) or 1.0
         top = r.critical_top(1)
-        words = {"device": "device compute", "host": "host launches", "gil": "GIL",
-                 "comm": "communication", "hop": "scheduler hand-offs", "step": "step"}
+        words = {"device": "device compute", "optimizer": "optimizer step",
+                 "host": "host launches", "gil": "GIL", "comm": "communication",
+                 "hop": "scheduler hand-offs", "step": "step"}
         cat = max(cats, key=cats.get)
         item = f" ({top[0][0]})" if top else ""
         return f"{words.get(cat, cat)} {cats[cat] / total:.0%}{item}"
+
+    def losses(self):
+        """What the step loses to growing: {cause: share of the step} for the exposed
+        communication, compute slowed by the collectives beside it, the slowest rank's
+        jitter and the input pipeline's stall."""
+        if not self.step_s:
+            return {}
+        return {"communication": self.comm_exposed_s / self.step_s,
+                "interference": (self.breakdown or {}).get("interference", 0.0) / self.step_s,
+                "jitter": (self.jitter_s or 0.0) / self.step_s,
+                "input": (self.input or {}).get("stall_s", 0.0) / self.step_s}
 
     def to_dict(self):
         r = self.result
@@ -74,7 +89,10 @@ class Prediction:
                 "critical_path_ms": {k: v * 1e3 for k, v in r.critical_summary().items()},
                 "critical_top": [{"op": lab, "category": cat, "ms": s * 1e3, "count": c}
                                  for lab, cat, s, c in r.critical_top(6)],
-                "bound_by": self.bound_by(), "notes": list(self.notes or ())}
+                "bound_by": self.bound_by(), "notes": list(self.notes or ()),
+                "breakdown_ms": {k: v * 1e3 for k, v in (self.breakdown or {}).items()},
+                "losses": self.losses(), "jitter_ms": (self.jitter_s or 0.0) * 1e3,
+                "input_ms": {k: v * 1e3 for k, v in (self.input or {}).items()}}
 
 
 def _places(cluster, n, per_device=1):
@@ -150,14 +168,17 @@ def _best_threading(program, profile, cluster, places, processes, bs, inline, **
 
 def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_strategy=None,
             cuda_graph=False, compiled=True, algorithm="auto", threads=None, inline=None,
-            exposed=True, cache=None, places_per_device=1):
+            exposed=True, cache=None, places_per_device=1, input_pipeline=None,
+            jitter=True):
     """Predict one configuration (see the module docstring); returns a ``Prediction``.
 
     ``inline=None`` picks the faster of the pool and the caller's thread where the
     executor does (several CPU places in one process). ``cache``: a dict shared by the
     predictions of one unchanged program (graphs are built once).
     ``places_per_device``: places of one process on each GPU (2 with ``ranks=2``:
-    ``cuda:0,0``, two places sharing one GPU).
+    ``cuda:0,0``, two places sharing one GPU). ``input_pipeline``: a name in
+    ``input_pipeline.PIPELINES`` or an ``InputPipeline`` (default: synthetic data).
+    ``jitter``: charge the slowest rank's jitter (``Cluster.jitter_cv``).
     """
     places, processes = layout_of(cluster, ranks, layout, places_per_device)
     bs = build_strategy or BuildStrategy()
@@ -192,6 +213,24 @@ def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_st
             comm_exposed = max(0.0, result.step_s - quiet.step_s)
     if not exposed:
         comm_exposed = 0.0
+    # beyond the replayed step: compute slowed by collectives beside it (GPU ranks; the
+    # micro-batch that communicates), the input pipeline's stall, the slowest rank's jitter
+    replayed = step
+    breakdown = _breakdown(result, replayed)
+    slow = 0.0
+    if cluster.device.is_gpu and ranks > 1:
+        cats = result.critical_summary()
+        slow = interference() * (cats.get("device", 0.0) + cats.get("optimizer", 0.0)) / k
+        step += slow
+    ranks_per_node = cluster.layout(ranks)[1] * places_per_device
+    inp = input_cost(input_pipeline, cluster, profile.batch, ranks_per_node, step)
+    step += inp["device_s"] + inp["stall_s"]
+    jit = jitter_s(step - comm_exposed, cluster.jitter_cv / math.sqrt(k), ranks) \
+        if jitter else 0.0
+    step += jit
+    breakdown["interference"] = slow
+    breakdown["input stall"] = inp["stall_s"] + inp["device_s"]
+    breakdown["jitter"] = jit
     if cuda_graph and processes > 1:
         notes.append("the executor captures CUDA graphs of single-process runs only "
                       "(runtime.cuda_graph); this row shows what replay would give")
@@ -203,7 +242,26 @@ def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_st
                       cuda_graph=cuda_graph, step_s=step,
                       images_per_sec=ranks * profile.batch / step if step > 0 else math.inf,
                       efficiency=None, comm_exposed_s=comm_exposed, result=result,
-                      batch=profile.batch, accumulation=k, notes=notes)
+                      batch=profile.batch, accumulation=k, notes=notes, jitter_s=jit,
+                      input=inp, breakdown=breakdown)
+
+
+# the critical path's categories, as the breakdown names them
+_PARTS = {"device": "compute", "optimizer": "optimizer", "comm": "communication",
+          "host": "launch gaps", "gil": "launch gaps", "hop": "launch gaps",
+          "step": "launch gaps"}
+
+
+def _breakdown(result, step_s):
+    """Seconds of the replayed step by cause: the critical path's time per category,
+    scaled to ``step_s`` (the mean step with gradient accumulation)."""
+    parts = {name: 0.0 for name in dict.fromkeys(_PARTS.values())}
+    cats = result.critical_summary()
+    total = sum(cats.values()) or 1.0
+    for cat, s in cats.items():
+        name = _PARTS.get(cat, cat)
+        parts[name] = parts.get(name, 0.0) + s * step_s / total
+    return parts
 
 
 def scaling(program, profile, cluster, gpus, layouts=LAYOUTS, cuda_graphs=(False, True),

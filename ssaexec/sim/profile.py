@@ -34,11 +34,9 @@ import statistics
 from ..errors import SSAExecError
 from ..graph.ssa import ComputationOpHandle, FetchOpHandle
 
-__all__ = ["OpCost", "Profile", "op_key", "EFFICIENCY"]
+__all__ = ["OpCost", "Profile", "op_key", "PRECISIONS"]
 
-# shares of the roofline the estimate assumes (cuBLAS/cuDNN reach 50-70 % of peak on
-# large problems; elementwise kernels 60-80 % of the memory bandwidth)
-EFFICIENCY = {"flops": 0.5, "mem": 0.7}
+PRECISIONS = ("fp32", "tf32", "amp")  # how an estimate's fp32 program runs (estimate)
 
 _VERSION = re.compile(r"@v\d+(\[[^\]]*\])?$")
 
@@ -264,38 +262,108 @@ class Profile:
 
     # --- estimated ------------------------------------------------------------------------
     @classmethod
-    def estimate(cls, program, batch, device, low_precision=False, efficiency=None):
+    def estimate(cls, program, batch, device, precision=None, efficiency=None,
+                 low_precision=False):
         """A roofline estimate of every op of ``program`` at ``batch`` samples per place.
 
-        ``device`` is a ``ssaexec.sim.cluster.Device``. Convolutions and matrix
-        products run at ``efficiency["flops"]`` of the device's tensor-core rate
-        (TF32, half the bf16 rate, for fp32 programs, as cuDNN does by default; bf16
-        with ``low_precision``), everything else moves its inputs and outputs at
-        ``efficiency["mem"]`` of the memory bandwidth; no kernel is shorter than
-        ``device.kernel_min``. Host times are the cluster's default.
+        Parameters
+        ----------
+        program : ProgramDesc
+        batch : int
+        device : ssaexec.sim.cluster.Device
+            A GPU with peak figures.
+        precision : {"fp32", "tf32", "amp"}, optional
+            How the fp32 program's convolutions and matrix products run: on the CUDA
+            cores (``fp32``), on TF32 tensor cores (``tf32``: the default where the
+            device has them, as cuDNN and PyTorch's convolutions do by default), or
+            under automatic mixed precision (``amp``: fp16/bf16 tensor cores,
+            activations in 2 bytes; parameters, their gradients and the optimizer's
+            state stay fp32). ``low_precision=True`` is ``amp``.
+        efficiency : dict, optional
+            Overrides of the per-op-class shares (``ssaexec.sim.efficiency.shares``).
+
+        Each op takes the longest of its FLOPs at its class's share of the math unit's
+        peak, its bytes (inputs and outputs, once) at its class's share of the memory
+        bandwidth, and ``device.kernel_min``. Host times are the cluster's default.
         """
+        from .efficiency import describe, op_class, shares
         if not device.is_gpu or not device.mem_bw:
             raise SSAExecError(f"Profile.estimate needs a GPU device with peak figures, got "
                                f"{device.name!r}; measure a profile instead")
-        eff = dict(EFFICIENCY, **(efficiency or {}))
-        peak = device.flops_low if low_precision else device.flops_low / 2
-        peak = peak or device.flops
+        if low_precision:
+            precision = "amp"
+        if precision is None:
+            precision = "tf32" if device.flops_tf32 else "fp32"
+        if precision not in PRECISIONS:
+            raise SSAExecError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                               f"{precision!r}")
+        if precision == "tf32" and not device.flops_tf32:
+            raise SSAExecError(f"{device.name} has no TF32 tensor cores: use precision "
+                               "fp32 or amp")
+        peak, unit = {"fp32": (device.flops, "fp32"), "tf32": (device.flops_tf32, "tf32"),
+                      "amp": (device.flops_low, "fp16")}[precision]
+        if not peak:
+            raise SSAExecError(f"{device.name} has no {precision} peak figure")
+        eff = shares(efficiency)
         block = program.global_block()
+        half = _activations(program) if precision == "amp" else frozenset()
         costs = {}
         from ..graph.build import op_reads_writes
         for op in block.ops:
             reads, writes = op_reads_writes(program, op)
-            moved = sum(_bytes(block, n, batch) for n in set(reads) | set(writes))
-            flops = _flops(block, op, batch)
-            t = max(flops / (peak * eff["flops"]) if flops else 0.0,
-                    moved / (device.mem_bw * eff["mem"]), device.kernel_min)
+            c = op_class(op.type)
             key = f"{op.type}|{','.join(writes)}"
-            costs[key] = OpCost(t)
+            if c == "view":
+                costs[key] = OpCost(0.0)
+                continue
+            size = {n: _bytes(block, n, batch) // (2 if n in half else 1)
+                    for n in set(reads) | set(writes)}
+            moved = _moved(op, size)
+            flops = _flops(block, op, batch)
+            if c in ("conv", "matmul"):
+                t = max(flops / (peak * eff[c][unit]) if flops else 0.0,
+                        moved / (device.mem_bw * eff["elementwise"]))
+            else:
+                t = moved / (device.mem_bw * eff[c])
+            costs[key] = OpCost(max(t, device.kernel_min) if moved or flops else 0.0)
         costs["scale_loss_grad"] = OpCost(device.kernel_min)
         return cls(costs, batch, "gpu",
-                   source=f"roofline estimate for {device.name} ({eff['flops']:.0%} of "
-                          f"{peak / 1e12:.0f} TFLOP/s, {eff['mem']:.0%} of "
-                          f"{device.mem_bw / 1e12:.2f} TB/s)")
+                   source=f"roofline estimate for {device.name}, {precision} "
+                          f"({peak / 1e12:.0f} TFLOP/s, {device.mem_bw / 1e12:.2f} TB/s): "
+                          f"{describe(unit)}")
+
+
+def _moved(op, size):
+    """Bytes an op's kernels move: its inputs and outputs once (``size``: name ->
+    bytes), except the gradient of an addition, which PyTorch passes through to a
+    same-shaped input (no kernel) and sums over the broadcast dims of the others."""
+    if op.type not in ("elementwise_add_grad", "elementwise_sub_grad"):
+        return sum(size.values())
+    dout = op.input("Out@GRAD")
+    d = size.get(dout[0], 0) if dout else 0
+    moved = 0
+    for slot in ("X@GRAD", "Y@GRAD"):
+        for n in op.output(slot):
+            b = size.get(n, 0)
+            if b != d or op.type == "elementwise_sub_grad" and slot == "Y@GRAD":
+                moved += d + b  # a reduction (or the negation): read dOut, write it
+    return moved
+
+
+def _activations(program):
+    """Names of the fp32 values that automatic mixed precision keeps in 2 bytes: every
+    floating non-persistable value but the gradients of persistable ones (parameters'
+    gradients stay fp32, as their master copies)."""
+    block = program.global_block()
+    persist = {n for n, v in block.vars.items() if getattr(v, "persistable", False)}
+    out = set()
+    for n, v in block.vars.items():
+        if n in persist or str(v.dtype) not in ("float32", "fp32", "5"):
+            continue
+        if n.endswith("@GRAD") and n[:-5] in persist:
+            continue
+        out.add(n)
+    return frozenset(out)
 
 
 def _alias_copies(graph, batch, repeats=5):
@@ -417,7 +485,11 @@ def _flops(block, op, batch):
         x = _shape(block, op, "X", batch)
         y = _shape(block, op, "Y", batch) or _shape(block, op, "W", batch)
         if x and y:
-            return 2.0 * math.prod(x) * y[-1] * grad
+            # every element of x meets every output column of y once; op(y) = y^T
+            # swaps which of y's last two dims is the columns'
+            trans = op.attrs.get("transpose_Y", op.attrs.get("trans_y", False))
+            cols = y[-2] if trans and len(y) >= 2 else y[-1]
+            return 2.0 * math.prod(x) * cols * grad
     return 0.0
 
 
