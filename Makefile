@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast test-inductor bench gpu-check fuzz install graphviz chromium clean
+.PHONY: demo test test-fast test-inductor bench gpu-check validate-sim validate-sim-published fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -94,6 +94,11 @@ gpu-check: $(STAMP)
 # the scaling simulator against measured CPU runs (docs/simulator.md): ~2 min
 validate-sim: $(STAMP)
 	$(BIN)/python bench/validate_sim.py
+
+# the scaling simulator against published GPU results (docs/data/published.json): ~20 s,
+# no GPU; prints published figure, prediction and error per row, exit 1 outside the bound
+validate-sim-published: $(STAMP)
+	$(BIN)/python bench/validate_sim_published.py
 
 # The program-file fuzzer (tests/test_fuzz.py, docs/security.md) with a long budget;
 # `make test` runs it with 60 cases. It prints the number of cases tried. Then the kernel

@@ -15,11 +15,12 @@ import argparse
 import io
 import json
 import math
-import platform
 import random
 import statistics
 import sys
 import time
+
+from ssaexec.sim.calibrate import cpu_name
 
 
 def _jpeg(seed):
@@ -61,17 +62,6 @@ def _sample(data, rng):
     return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
 
 
-def _cpu():
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=200)
@@ -97,7 +87,7 @@ def main(argv=None):
     host_s = statistics.median(rounds)
     doc = {"host_s_per_sample": host_s, "rounds_s": rounds, "images": args.images,
            "jpeg_bytes_mean": statistics.mean(len(f) for f in files),
-           "machine": _cpu(),
+           "machine": cpu_name(),
            "python": sys.version.split()[0], "torch": torch.__version__}
     print(f"median {host_s * 1e3:.2f} ms per image ({1 / host_s:.0f} images/s per core), "
           f"JPEGs of {doc['jpeg_bytes_mean'] / 1e3:.0f} KB")

@@ -11,7 +11,11 @@ picks the profile and the output form.
 import sys
 from pathlib import Path
 
+from ..sim.input_pipeline import PIPELINES
+from ..sim.profile import PRECISIONS
+from ..sim.published import MODELS
 from .common import EXIT_OK, UsageError, load_program_file, positive
+
 
 __all__ = ["register"]
 
@@ -21,10 +25,19 @@ one process per node driving all its GPUs, with and without CUDA-graph replay;
 the table shows the fastest, the efficiency against one GPU of the same layout,
 how much communication is exposed, and what bounds the step (the critical path:
 device compute, host launches, the GIL, communication, scheduler hand-offs).
-Clusters: dgx-h100, dgx-a100, pcie, ethernet-100g, or a JSON file (Cluster.to_dict;
-bench/validate_sim.py writes one for this machine's CPU places).
+Clusters: dgx-h100, dgx-a100, dgx-1v, pcie, ethernet-100g, big-basin-50gbe,
+pascal-25gbe, or a JSON file (Cluster.to_dict; bench/validate_sim.py writes one for
+this machine's CPU places).
+
+Beyond the replayed step, each row charges what grows with the cluster: compute
+slowed by the collectives beside it (calibrated), the slowest rank's jitter (the
+expected maximum over N ranks) and the input pipeline's stall; "why efficiency
+falls" lists them. docs/simulator.md shows the model against published results
+(make validate-sim-published).
 
 examples:
+  ssaexec simulate --model resnet50 --cluster dgx-a100 --batch 256 --cuda-graph off \
+    --input imagenet-cpu --gpus 1,8,64,512
   ssaexec simulate examples/small_resnet.json --gpus 1,2,4,8,64,1024 --cluster dgx-h100
   ssaexec simulate examples/small_resnet.json --gpus 8,64 --sweep bucket-mb
   ssaexec simulate examples/mnist_mlp.json --cluster pcie --allreduce-dtype bf16 --json
@@ -58,17 +71,33 @@ def register(add):
     """Add the ``simulate`` subcommand through ``add(name, help, epilog, parents)``."""
     p = add("simulate", "predict step time and images/sec on 1 to N GPUs (no GPU needed)",
             EPILOG)
-    p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
+    p.add_argument("program", metavar="PROGRAM", nargs="?", default=None,
+                   help="program file (.json or .ssa); or --model")
+    p.add_argument("--model", choices=MODELS, default=None,
+                   help="a built-in model instead of PROGRAM: ResNet-50/101 on 224x224 "
+                        "ImageNet images, BERT-Large pre-training at sequence length 128 "
+                        "(the models of the published validation table)")
     p.add_argument("--gpus", default="1,2,4,8,64,1024", metavar="N,N,...",
                    help="GPU counts to predict (default: %(default)s)")
     p.add_argument("--cluster", default="dgx-h100", metavar="NAME|FILE.json",
-                   help="dgx-h100 (default), dgx-a100, pcie, ethernet-100g, or a saved cluster")
+                   help="a preset (default dgx-h100; see below) or a saved cluster")
     p.add_argument("--profile", metavar="FILE.json", default=None,
                    help="op durations: an 'ssaexec trace' file (one place) or a saved "
                         "profile; default: a roofline estimate (GPU clusters) or a "
                         "measurement on this machine (CPU clusters)")
     p.add_argument("--batch", "-b", type=positive, default=32,
                    help="samples per GPU for an estimated or measured profile (default 32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="how an estimated profile's convolutions and products run: fp32 "
+                        "(CUDA cores), tf32 (the default where the GPU has it), amp "
+                        "(fp16/bf16 tensor cores, 2-byte activations)")
+    p.add_argument("--input", choices=tuple(PIPELINES), default="synthetic",
+                   help="input pipeline per step: synthetic (default: costs nothing), "
+                        "imagenet-cpu (JPEG decode on the node's cores), imagenet-dali, "
+                        "tokens")
+    p.add_argument("--jitter-cv", type=float, default=None, metavar="CV",
+                   help="spread of one rank's step time, std/mean (default: the "
+                        "cluster's; 0 turns the stragglers' cost off)")
     p.add_argument("--layout", choices=("both", "process-per-gpu", "process-per-node"),
                    default="both", help="process layouts to compare (default: both)")
     p.add_argument("--cuda-graph", choices=("both", "on", "off"), default="both",
@@ -103,6 +132,7 @@ def register(add):
 def _profile(args, program, cluster):
     import json
 
+    from ..errors import SSAExecError
     from ..sim import Profile
     if args.profile:
         try:
@@ -118,7 +148,10 @@ def _profile(args, program, cluster):
             return Profile.from_trace(doc, readable_extra_s=cluster.host.readable_extra_s)
         raise UsageError(f"{args.profile}: neither an 'ssaexec trace' file nor a profile")
     if cluster.device.is_gpu:
-        return Profile.estimate(program, args.batch, cluster.device)
+        try:
+            return Profile.estimate(program, args.batch, cluster.device, args.precision)
+        except SSAExecError as e:
+            raise UsageError(f"--precision: {e}") from None
     return Profile.measure(program, batch=args.batch,
                            readable_extra_s=cluster.host.readable_extra_s)
 
@@ -128,7 +161,13 @@ def cmd_simulate(args):
     from ..errors import SSAExecError
     from ..sim import report
     from ..strategy import BuildStrategy
-    program = load_program_file(args.program)
+    if (args.program is None) == (args.model is None):
+        raise UsageError("give a PROGRAM file or --model NAME (one of them)")
+    if args.model is not None:
+        from ..sim.published import build_model
+        program, args.program = build_model(args.model), f"--model {args.model}"
+    else:
+        program = load_program_file(args.program)
     gpus = _gpus(args.gpus)
     try:
         cluster = sim.get_cluster(args.cluster)
@@ -136,6 +175,12 @@ def cmd_simulate(args):
         raise UsageError(str(e)) from None
     if args.host_op_us is not None:
         cluster = cluster.with_host(op_s=args.host_op_us * 1e-6)
+    if args.jitter_cv is not None:
+        if not 0 <= args.jitter_cv < 1:
+            raise UsageError(f"--jitter-cv {args.jitter_cv}: must be in [0, 1)")
+        cluster = cluster.replace(jitter_cv=args.jitter_cv)
+    if args.precision is not None and not cluster.device.is_gpu:
+        raise UsageError("--precision applies to GPU clusters (an estimated profile)")
     try:
         strategy = BuildStrategy(reduce_strategy=args.reduce_strategy,
                                  fuse_all_reduce_ops=True if args.fuse_bucket_mb else None,
@@ -149,7 +194,7 @@ def cmd_simulate(args):
     layouts = sim.LAYOUTS if args.layout == "both" else (args.layout,)
     graphs = {"both": (False, True), "on": (True,), "off": (False,)}[args.cuda_graph]
     predictions = sim.scaling(program, profile, cluster, gpus, layouts, graphs, strategy,
-                              algorithm=args.algorithm)
+                              algorithm=args.algorithm, input_pipeline=args.input)
     sweeps = {}
     if args.sweep == "bucket-mb":
         best, sizes = report.best_per_size(predictions), _sizes(args.bucket_sizes)
@@ -157,10 +202,11 @@ def cmd_simulate(args):
             b = best[n]
             sweeps[n] = sim.sweep_bucket_mb(program, profile, cluster, n, sizes, b.layout,
                                             strategy, cuda_graph=b.cuda_graph,
-                                            algorithm=args.algorithm)
+                                            algorithm=args.algorithm,
+                                            input_pipeline=args.input)
     plot = None
     if not args.no_plot:
-        stem = Path(args.program).name.split(".")[0]
+        stem = args.model or Path(args.program).name.split(".")[0]
         plot = args.plot or f"{stem}.{cluster.name}.simulate.png"
         try:
             report.plot_scaling(predictions, plot, f"{args.program} on {cluster.name}, batch "

@@ -8,7 +8,12 @@ Modules, one concept each:
 * ``engine``: the discrete-event replay of one process's step (host, GIL, scheduler
   threads, streams, collectives) and its critical path;
 * ``predict``: whole configurations (ranks, process layout, build strategy), scaling
-  sweeps and bucket-size sweeps;
+  sweeps and bucket-size sweeps, with what grows with the cluster;
+* ``efficiency``: the roofline estimate's per-op-class shares, calibrated on
+  published one-GPU results;
+* ``stragglers``: the slowest of N ranks (expected maximum of their step times);
+* ``input_pipeline``: preparing each rank's batch while the step runs;
+* ``published``: the validation against published results (docs/data/published.json);
 * ``calibrate``: a cluster of this machine's CPU places, or of its GPU, measured;
 * ``report``: table, JSON and plot.
 

@@ -106,4 +106,8 @@ def describe(unit):
             parts.append(f"{cls} {PRIOR[cls][unit]:.0%} (prior)")
     parts.append(f"norm {PRIOR['norm']:.0%}, elementwise {PRIOR['elementwise']:.0%} of "
                  "bandwidth (priors)")
-    return ", ".join(parts)
+    return ", ".join(parts) + "; " + CONFIDENCE
+
+
+# how far the calibrated shares carry (docs/simulator.md, the held-out one-GPU rows)
+CONFIDENCE = "within about 15 % on published one-GPU rows not fitted"

@@ -8,6 +8,12 @@ all-reduces and applies). ``scaling`` sweeps the number of ranks and the layouts
 and reports efficiency against one rank; ``sweep_bucket_mb`` tries fused-bucket
 sizes.
 
+Beyond the replayed step, a prediction charges what grows with the cluster, each in
+``Prediction.breakdown`` and ``losses()``: compute slowed by collectives between GPUs
+beside it (``efficiency.interference()``, the micro-batch that communicates), the
+input pipeline's stall (``input_pipeline``) and the slowest rank's jitter
+(``stragglers``: the expected maximum over the ranks). One rank pays none of them.
+
 Layouts:
 
 * ``process-per-gpu`` (torchrun, DDP's usual launch): ``P = 1``, ``N`` processes;
@@ -218,16 +224,17 @@ def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_st
     replayed = step
     breakdown = _breakdown(result, replayed)
     slow = 0.0
-    if cluster.device.is_gpu and ranks > 1:
+    if cluster.device.is_gpu and ranks // places_per_device > 1:  # NCCL between GPUs
         cats = result.critical_summary()
         slow = interference() * (cats.get("device", 0.0) + cats.get("optimizer", 0.0)) / k
         step += slow
     ranks_per_node = cluster.layout(ranks)[1] * places_per_device
     inp = input_cost(input_pipeline, cluster, profile.batch, ranks_per_node, step)
-    step += inp["device_s"] + inp["stall_s"]
+    step += inp["device_s"]
+    # the jitter of the compute (the pipeline's stall, if any, is the same on every rank)
     jit = jitter_s(step - comm_exposed, cluster.jitter_cv / math.sqrt(k), ranks) \
         if jitter else 0.0
-    step += jit
+    step += inp["stall_s"] + jit
     breakdown["interference"] = slow
     breakdown["input stall"] = inp["stall_s"] + inp["device_s"]
     breakdown["jitter"] = jit

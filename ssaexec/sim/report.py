@@ -2,7 +2,8 @@
 
 ``best_per_size`` picks, for every number of GPUs, the fastest configuration;
 ``format_scaling`` prints that and the layout comparison (one process per GPU or per
-node, with and without CUDA graphs) with what bounds each step; ``scaling_json`` is
+node, with and without CUDA graphs) with what bounds each step and why efficiency
+falls (exposed communication, interference, jitter, the input pipeline's stall); ``scaling_json`` is
 the same as data; ``plot_scaling`` draws images/sec and efficiency against the number
 of GPUs (matplotlib, Agg backend; log-scaled GPUs).
 """
@@ -73,8 +74,20 @@ def format_scaling(predictions, program="", cluster=None, profile=None):
                              if p else "-")
             lines.append(f"{n:>6}  " + "".join(f"{x:>{width}}" for x in cells))
         lines.append("  * fastest")
+    lines.append("")
+    lines.append("why efficiency falls (share of each size's step, fastest configuration):")
+    lines.append(f"{unit + 's':>6}  {'communication':>13} {'interference':>12} "
+                 f"{'jitter':>8} {'input stall':>11}")
+    for n, p in sorted(best.items()):
+        lo = p.losses()
+        lines.append(f"{n:>6}  {lo['communication']:>13.2%} {lo['interference']:>12.2%} "
+                     f"{lo['jitter']:>8.2%} {lo['input']:>11.2%}")
     top_n = max(best)
     p = best[top_n]
+    if p.breakdown:
+        parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in p.breakdown.items() if v > 0)
+        lines.append("")
+        lines.append(f"step at {top_n} {unit}s, ms: {parts}")
     lines.append("")
     lines.append(f"critical path at {top_n} {unit}s ({p.label}), by time on it:")
     total = sum(p.result.critical_summary().values()) or 1.0
