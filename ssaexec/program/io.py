@@ -4,7 +4,9 @@ The file suffix picks the form: ``.json`` is the JSON form
 (``ssaexec.program.serialize``), ``.txt``, ``.prog`` and ``.ssa`` the text form
 (``ssaexec.program.text``); any other suffix is a ``ProgramError``. Files are
 UTF-8. Other formats are read-only and registered by the frontend that reads them
-(``register_reader``: Paddle's ``.pdmodel``), so this layer imports no frontend.
+(``register_reader``: Paddle's ``.pdmodel``; ``register_sniffer`` for a format that
+shares one of our suffixes, such as Paddle's PIR ``.json``, recognised by content), so
+this layer imports no frontend.
 Loading only parses: it never imports, unpickles or evaluates anything
 from the file, and the readers bound their work and apply the operator policy
 (docs/security.md), so a program file from anywhere is safe to open: anything
@@ -17,7 +19,8 @@ from ..errors import ProgramError
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 
-__all__ = ["save_program", "load_program", "FORMATS", "READERS", "register_reader"]
+__all__ = ["save_program", "load_program", "FORMATS", "READERS", "SNIFFERS", "register_reader",
+           "register_sniffer"]
 
 # suffix -> (writer, reader)
 FORMATS = {
@@ -31,6 +34,10 @@ FORMATS = {
 # suffix -> reader(data: bytes, source: str) -> ProgramDesc, for read-only formats
 READERS = {}
 
+# suffix -> [(sniff(data: bytes) -> bool, reader)]: other formats sharing a suffix with
+# ours (Paddle's PIR ``.json``), told apart by content before the suffix's own reader
+SNIFFERS = {}
+
 
 def register_reader(suffix, reader):
     """Have ``load_program`` read files ending in ``suffix`` with ``reader(data, source)``.
@@ -40,6 +47,14 @@ def register_reader(suffix, reader):
     returns a ``ProgramDesc`` and raises ``ProgramError`` for bad input.
     """
     READERS[suffix.lower()] = reader
+    return reader
+
+
+def register_sniffer(suffix, sniff, reader):
+    """Have ``load_program`` read ``suffix`` files whose bytes ``sniff`` accepts with
+    ``reader(data, source)`` instead of the suffix's own reader (a foreign format that
+    shares the suffix, recognised by content, never by name)."""
+    SNIFFERS.setdefault(suffix.lower(), []).append((sniff, reader))
     return reader
 
 
@@ -105,6 +120,10 @@ def load_program(path, validate=False):
         raise ProgramError(f"{path}: no such program file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read program file: {e.strerror or e}") from None
+    for sniff, foreign in SNIFFERS.get(path.suffix.lower(), ()):
+        if sniff(data):
+            binary = foreign
+            break
     if binary is not None:
         program = binary(data, str(path))
         if validate:

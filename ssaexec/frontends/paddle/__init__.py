@@ -42,11 +42,13 @@ from pathlib import Path
 from ...errors import ProgramError
 from ...ops.aten import encode_bytes
 from ...program.desc import Program, register_test_rewrite
-from ...program.io import register_reader
+from ...program.io import register_reader, register_sniffer
 from .convert import convert_program, unsupported_ops
 from .evalmode import to_inference
 from .ops import MAPPINGS, mapping_table
 from .params import load_params, save_params
+from .pir_convert import to_legacy
+from .pir_reader import decode_pir, is_pir
 from .reader import PaddleProgram, decode_program
 
 __all__ = ["from_paddle", "PaddleModel", "read_program", "load_params",
@@ -92,35 +94,55 @@ def _bytes_of(value, what):
 
 
 def read_program(program):
-    """Decode a Paddle program from a path or bytes into a ``PaddleProgram``."""
+    """Decode a Paddle program from a path or bytes into a ``PaddleProgram``: a legacy
+    ``ProgramDesc`` (``.pdmodel``), or a PIR program JSON (``.json``, told apart by its
+    content), translated to the legacy form (``pir_convert``)."""
     data, source = _bytes_of(program, "Paddle program")
-    return decode_program(data, source)
+    return read_program_bytes(data, source)
 
 
 def _read_main(data, source):
-    """``load_program``'s reader of ``.pdmodel``/``.pdprog`` files: the converted program."""
-    return convert_program(decode_program(data, source)).program
+    """``load_program``'s reader of ``.pdmodel``/``.pdprog`` files (and PIR ``.json``
+    ones): the converted program."""
+    return convert_program(read_program_bytes(data, source)).program
+
+
+def read_program_bytes(data, source):
+    """``read_program`` of bytes already read: PIR JSON or a legacy ProgramDesc."""
+    if is_pir(data):
+        return to_legacy(decode_pir(data, source))
+    return decode_program(data, source)
 
 
 def _read_params(data, source):
     """``load_program``'s reader of ``.pdiparams`` files: a startup program setting them.
 
     The records carry no names, so the program they belong to is read from the file
-    next to them with the same stem (``model.pdmodel`` or ``model.pdprog``).
+    next to them with the same stem (``model.pdmodel``, ``model.pdprog``, or a PIR
+    ``model.json``).
     """
     path = Path(source)
-    for suffix in SUFFIXES:
+    for suffix in SUFFIXES + (".json",):
         sibling = path.with_suffix(suffix)
-        if sibling.is_file():
+        if sibling.is_file() and (suffix != ".json" or _sniff_file(sibling)):
             return from_paddle(sibling, params=path).startup  # errors name the file
     raise ProgramError(f"{source}: a parameter file is read with its program, "
                        f"{path.with_suffix(SUFFIXES[0]).name}, which is not there")
+
+
+def _sniff_file(path):
+    try:
+        with open(path, "rb") as f:
+            return is_pir(f.read(4096))
+    except OSError:
+        return False
 
 
 register_test_rewrite(to_inference)
 for _suffix in SUFFIXES:
     register_reader(_suffix, _read_main)
 register_reader(PARAMS_SUFFIX, _read_params)
+register_sniffer(".json", is_pir, _read_main)  # Paddle 3's PIR JSON, by its content
 
 
 def persistable_names(program):
