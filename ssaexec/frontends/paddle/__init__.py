@@ -1,4 +1,5 @@
-"""``from_paddle``: run Paddle's legacy programs (``.pdmodel``, serialized ProgramDescs).
+"""``from_paddle``: run Paddle programs: Paddle 3's PIR JSON (``model.json``) and the legacy
+``ProgramDesc`` (``.pdmodel``, serialized programs), and fine-tune what they hold.
 
     model = se.from_paddle("model.pdmodel", params="model.pdiparams")
     exe = se.Executor(se.CPUPlace())
@@ -7,6 +8,9 @@
 
 The modules, one step each:
 
+* ``pir_reader``: PIR program JSON -> ``PirProgram`` (SSA checked, every error
+  located by line, column and JSON path); ``pir_convert``: ``PirProgram`` -> the
+  legacy ``PaddleProgram``, so both formats share the op table below;
 * ``schema``: the message classes of our ``framework.proto`` (the fields we read
   of Paddle's format), made by the ``protobuf`` package at first use;
 * ``reader``: bytes -> ``PaddleProgram`` (blocks, vars, ops, decoded attributes),
@@ -19,7 +23,8 @@ The modules, one step each:
 * ``params``: Paddle's parameter files (``.pdiparams`` and per-var directories),
   read into tensors and written back in the same format;
 * ``evalmode``: ``clone(for_test=True)`` of an imported training program undoes
-  the training-only ops the import adds (registered with ``register_test_rewrite``).
+  the training-only ops the import adds (registered with ``register_test_rewrite``);
+* ``finetune``: a label, a loss and an optimizer on an imported inference program.
 
 Policy: Paddle files are untrusted data (docs/security.md). Reading one parses it
 and nothing else: no code from the file runs, no file but the ones named is
@@ -31,9 +36,10 @@ imported when the first Paddle file is read.
 
 Importing this package registers readers with ``ssaexec.program.io.load_program``
 (``register_reader``), so ``se.load_program`` and every CLI command take Paddle
-files: ``.pdmodel``/``.pdprog`` read as the converted program, ``.pdiparams`` as a
-startup program that sets the parameters (its program is the ``.pdmodel`` or
-``.pdprog`` file of the same stem next to it).
+files: ``.pdmodel``/``.pdprog`` read as the converted program, a ``.json`` file whose
+content is a PIR program too (``register_sniffer``: ssaexec's own JSON programs stay
+ssaexec's), ``.pdiparams`` as a startup program that sets the parameters (its program
+is the ``.pdmodel``, ``.pdprog`` or PIR ``.json`` file of the same stem next to it).
 """
 
 import collections
@@ -45,13 +51,14 @@ from ...program.desc import Program, register_test_rewrite
 from ...program.io import register_reader, register_sniffer
 from .convert import convert_program, unsupported_ops
 from .evalmode import to_inference
+from .finetune import finetune
 from .ops import MAPPINGS, mapping_table
 from .params import load_params, save_params
 from .pir_convert import to_legacy
 from .pir_reader import decode_pir, is_pir
 from .reader import PaddleProgram, decode_program
 
-__all__ = ["from_paddle", "PaddleModel", "read_program", "load_params",
+__all__ = ["from_paddle", "PaddleModel", "finetune", "read_program", "load_params",
            "save_params", "persistable_names", "decode_program", "convert_program",
            "unsupported_ops", "mapping_table", "MAPPINGS", "SUFFIXES", "PARAMS_SUFFIX",
            "is_paddle_file"]
@@ -157,7 +164,8 @@ def from_paddle(program, params=None, startup=None, *, validate=True):
     Parameters
     ----------
     program : str, os.PathLike or bytes
-        A ``.pdmodel`` / ``__model__`` file or ``program.desc.serialize_to_string()``.
+        A PIR program JSON file (``model.json``, Paddle 3's default), a ``.pdmodel`` /
+        ``__model__`` file or ``program.desc.serialize_to_string()``.
     params : str, os.PathLike or bytes, optional
         A combined parameter file (``.pdiparams``, or its bytes) or a directory of
         per-var files (``save_persistables``). Its values initialise the vars it holds.
