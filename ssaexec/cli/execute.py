@@ -54,6 +54,10 @@ def execution_options(parser, steps_default):
                         "(default: %(default)s)")
     g.add_argument("--loss", metavar="VAR", default=None,
                    help="loss var to fetch (default: the var whose gradient the program seeds)")
+    g.add_argument("--finetune", metavar="LOSS[:OUTPUT]", default=None,
+                   help="train an inference program (an imported Paddle model): attach a "
+                        "'label' feed and the loss cross_entropy or mse on OUTPUT (default: "
+                        "the one output nothing reads), SGD at --lr")
     g.add_argument("--classes", type=positive, default=None,
                    help="label range for synthetic int labels (default: from the program)")
     g.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default: 0)")
@@ -94,6 +98,38 @@ def _startup(args, main):
     return prog, how
 
 
+class _Finetuned:
+    __slots__ = ("main", "startup", "fetch", "note")
+
+    def __init__(self, main, startup, fetch, note):
+        self.main, self.startup, self.fetch, self.note = main, startup, fetch, note
+
+
+def _finetune(args, main):
+    """An inference program with a label, a loss and SGD attached (``--finetune``)."""
+    from ..errors import ProgramError
+    from ..frontends.paddle import PaddleModel, finetune
+    from ..program.optimizer import SGD
+    kind, _, output = args.finetune.partition(":")
+    if not output:
+        block = main.global_block()
+        read = {n for op in block.ops for n in op.input_names()}
+        outs = [n for op in block.ops for n in op.output_names()
+                if n not in read and not block.var(n).persistable]
+        if len(outs) != 1:
+            raise UsageError(f"--finetune {args.finetune}: say which output the loss reads "
+                             f"(LOSS:OUTPUT); candidates: {', '.join(outs) or 'none'}")
+        output = outs[0]
+    startup, how = _startup(args, main)
+    try:
+        ft = finetune(PaddleModel(main, startup, [], [output]), loss=kind,
+                      optimizer=SGD(args.lr))
+    except ProgramError as e:
+        raise UsageError(f"--finetune {args.finetune}: {e}") from None
+    return _Finetuned(ft.main, ft.startup, ft.fetch,
+                      f"{how}; fine-tuning {output} with {kind} against 'label', SGD {args.lr}")
+
+
 def _file_feeds(path, batch):
     """(feed_of(step), rows per step, description) from an .npz file."""
     import numpy as np
@@ -126,14 +162,24 @@ def _file_feeds(path, batch):
 def setup(args):
     """The ``Setup`` (executor, program, loss, feeds, batch, notes) of run and trace."""
     main = load_program_file(args.program)
-    loss = args.loss or loss_var(main)
+    finetuned = None
+    if getattr(args, "finetune", None):
+        if args.loss:
+            raise UsageError("--finetune makes the loss; leave out --loss")
+        finetuned = _finetune(args, main)
+        main = finetuned.main
+    loss = finetuned.fetch[0] if finetuned else args.loss or loss_var(main)
     if loss is None:
         raise UsageError(f"{args.program}: cannot tell the loss var (no op has role 'loss'; "
-                         "was the program built with optimizer.minimize?); pass --loss VAR")
+                         "was the program built with optimizer.minimize?); pass --loss VAR, "
+                         "or --finetune cross_entropy to train an inference program")
     if main.global_block().find_var(loss) is None:
         raise UsageError(f"--loss {loss!r}: no such var in {args.program}")
     places = places_from(args.places, need_devices=True)
-    startup, init_note = _startup(args, main)
+    if finetuned:
+        startup, init_note = finetuned.startup, finetuned.note
+    else:
+        startup, init_note = _startup(args, main)
     if args.feed:
         feed_of, batch, feed_note = _file_feeds(args.feed, args.batch)
     else:

@@ -34,7 +34,9 @@ def register(add):
     p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
     execution_options(p, steps_default=10)
     p.add_argument("--save", metavar="PATH", default=None,
-                   help="write a checkpoint (safetensors) after the last step")
+                   help="write a checkpoint (safetensors) after the last step; a PATH "
+                        "ending in .pdiparams writes a Paddle program's parameters in "
+                        "Paddle's format instead (Paddle loads it with the program file)")
     p.add_argument("--resume", metavar="PATH", default=None,
                    help="start from a checkpoint written by --save (or se.save_checkpoint)")
     p.set_defaults(func=cmd_run)
@@ -55,7 +57,11 @@ def cmd_run(args):
             losses.append(v)
             print_step(bar, k + 1, args.steps, v, dt,
                        status=f"loss {v:.4f}  {s.batch / dt:,.0f} img/s")
-        if args.save:
+        if args.save and str(args.save).lower().endswith(".pdiparams"):
+            # Paddle's parameter file of the program's own parameters (a Paddle import)
+            from ..frontends.paddle import persistable_names, save_params
+            save_params(args.save, s.pe, persistable_names(args.program))
+        elif args.save:
             from ..checkpoint import save_checkpoint
             save_checkpoint(args.save, s.pe)
     finally:
@@ -65,5 +71,7 @@ def cmd_run(args):
     change = f"; loss {losses[0]:.6f} -> {losses[-1]:.6f}" if len(losses) > 1 else ""
     print(f"throughput: {rate:,.1f} images/sec ({which}, {total:.3f} s, batch {s.batch}){change}")
     if args.save:
-        print(f"checkpoint: {args.save}")
+        kind = "Paddle parameters" if str(args.save).lower().endswith(".pdiparams") else \
+            "checkpoint"
+        print(f"{kind}: {args.save}")
     return EXIT_OK
