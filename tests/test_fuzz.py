@@ -2,8 +2,9 @@
 
 A hypothesis-driven mutator takes valid programs in both formats (the example
 programs of ``examples/``, a small ATen program with size expressions, and the
-file-writing ``aten.from_file`` program of issue 14) and two Paddle programs
-(protobuf, tests/paddle_models.py) and truncates them, flips,
+file-writing ``aten.from_file`` program of issue 14), two Paddle programs
+(protobuf, tests/paddle_models.py) and two Paddle 3 PIR programs (JSON,
+tests/fixtures/paddle/pir) and truncates them, flips,
 inserts and deletes bytes, copies spans, grows numbers to thousands of digits,
 nests brackets thousands deep and splices in tokens that matter (denied ATen
 ops, size-expression bombs, surrogates, NaN, huge shapes). Each case, in a
@@ -87,6 +88,9 @@ def _seeds():
                                                             "aten.relu.default")))
     seeds.append((evil_json.replace("aten.relu.default", "aten.from_file.default").encode(),
                   ".json"))
+    # Paddle 3 PIR programs (JSON, told from ours by content): written by Paddle 3.3.1
+    pir = ROOT / "tests" / "fixtures" / "paddle" / "pir"
+    seeds += [((pir / name).read_bytes(), ".json") for name in ("static_mlp.json", "cnn.json")]
     try:  # Paddle programs (protobuf): a training program and an inference model
         import paddle_models
         seeds += [(paddle_models.mlp("adam").main, ".pdprog"),
@@ -113,6 +117,8 @@ TOKENS = [s.encode() for s in [
     '"\\ud800"', '"\\udfff"', '"\\u0000"', "\x00", "\xff", "\ufeff", "block(99)",
     '{"block": 99}', '{"float": "nan"}', "persistable", "data", "@backward", "->",
     "{", "}", "[", "]", "(", ")", ",", "=", ":", '"', "\\", "\n", "#",
+    '{"%":0}', '{"%":99999}', '"9.conv2d"', '"1.while"', '"0.t_vec"', '"0.a_scalar"',
+    '{"#":"0.t_f32"}', '"version":99', '[4294967296,4294967296]', '"regions":[{}]',
 ]]
 
 
@@ -131,6 +137,7 @@ WORDS = [s.encode() for s in [
     "value", "seed", "X", "Y", "Out", "persistable", "parameter", "data", "stop_gradient",
     "float64", "int64", "bool", "float16", "var", "block", "parent", "names", "true", "null",
     "nan", "inf", "-inf", "1e999", "-1", "0", "9" * 5000,
+    "pd_op", "builtin", "p", "TT", "OA", "magic", "pir", "t_dtensor", "a_intarray",
 ]]
 STRINGS = [s.encode() for s in [
     '"X[0]"', '"X[7]"', '"X[-1]"', '"s0"', '"3*s0"', '"9**9**9*s0"', '"FloorDiv(s0, 0)"',
