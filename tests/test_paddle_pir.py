@@ -58,6 +58,16 @@ def test_inference_equals_paddle(name, places):
     assert model.fetch == ["fetch_name_0"]
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_older_format_versions(version):
+    # the CNN as Paddle 3.0, 3.1 and 3.2 write it (make_pir_old.py): versions 1 to 3
+    name = f"cnn_v{version}"
+    assert decode_pir((PIR / f"{name}.json").read_bytes(), name).version == version
+    x = _npz(PIR / "cnn.feed.npz")["img"]
+    want = _npz(PIR / f"{name}.out.npz")["out"]
+    torch.testing.assert_close(_infer(_model(name), x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_the_reader_knows_the_format():
     data = (PIR / "cnn.json").read_bytes()
     assert is_pir(data) and not is_pir((REPO / "examples" / "mnist_mlp.json").read_bytes())

@@ -37,8 +37,10 @@ from ...program.json_scan import (READER, Malformed, check_values, format_path, 
 __all__ = ["PirProgram", "PirOp", "PirValue", "decode_pir", "is_pir", "VERSIONS",
            "DIALECTS", "DTYPES"]
 
-# Format versions this reader knows (``base_code.version``): Paddle 3.0 to 3.3 write 1 to
-# 4; the keys and encodings read here are the same in all of them (docs/paddle.md)
+# Format versions this reader knows (``base_code.version``): Paddle 3.0, 3.1, 3.2 and 3.3
+# write 1, 2, 3 and 4 (0: development builds). The structure is the same in all; between
+# versions some attributes changed kind (pool2d's sizes a_i32 -> a_i64 in 2, a few float
+# attributes a_f32 -> a_f64 in 4), which the reader takes either way (docs/paddle.md)
 VERSIONS = (0, 1, 2, 3, 4)
 
 # compressed dialect ids (Paddle's DialectIdMap)
@@ -335,6 +337,12 @@ class _Decoder:
         _need(isinstance(tid, str), path + ["#"], "the attribute value has no kind")
         kind = tid.partition(".")[2]
         data = a.get("D")
+        if kind in ("a_f32", "a_f64") and "VD" in a:
+            # a non-finite float: {"VD": "NaN" | "INF" | "-INF"} in place of "D"
+            vd = a["VD"]
+            _need(isinstance(vd, str) and vd.upper() in ("NAN", "INF", "-INF"), path + ["VD"],
+                  f"a non-finite float is NaN, INF or -INF, found {short(vd)}")
+            return float(vd.lower())
         if kind in _SCALARS:
             want = _SCALARS[kind]
             ok = isinstance(data, want) and not (want is int and isinstance(data, bool))
