@@ -27,7 +27,7 @@ from ssaexec.frontends.paddle.pir_reader import decode_pir, is_pir
 
 REPO = Path(__file__).resolve().parents[1]
 PIR = REPO / "tests" / "fixtures" / "paddle" / "pir"
-MODELS = ("cnn", "encoder", "static_mlp", "heldout")
+MODELS = ("cnn", "encoder", "static_mlp", "heldout", "ops")
 
 
 def _npz(path):
@@ -39,10 +39,11 @@ def _model(name, params=None):
     return se.from_paddle(PIR / f"{name}.json", params=params or PIR / f"{name}.pdiparams")
 
 
-def _infer(model, x, places=1):
+def _infer(model, x, places=1, every=False):
     with se.ParallelExecutor(se.cpu_places(places), model.main, model.startup,
                              scope=se.Scope()) as pe:
-        return pe.run(model.fetch, feed={model.feed[0]: x})[0]
+        outs = pe.run(model.fetch, feed={model.feed[0]: x})
+    return outs if every else outs[0]
 
 
 # --- inference equals Paddle's ------------------------------------------------------------------
@@ -52,10 +53,12 @@ def _infer(model, x, places=1):
 def test_inference_equals_paddle(name, places):
     model = _model(name)
     x = next(iter(_npz(PIR / f"{name}.feed.npz").values()))
-    want = _npz(PIR / f"{name}.out.npz")["out"]
-    got = _infer(model, x, places)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert model.fetch == ["fetch_name_0"]
+    want = _npz(PIR / f"{name}.out.npz")  # out, and out1 for a second output
+    got = _infer(model, x, places, every=True)
+    assert model.fetch == [f"fetch_name_{k}" for k in range(len(want))]
+    for k, g in enumerate(got):
+        torch.testing.assert_close(g, want["out" + (str(k) if k else "")], rtol=1e-5,
+                                   atol=1e-5)
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])

@@ -125,6 +125,17 @@ class _Ctx:
             self.fail(f"{what} must be a list of values (builtin.combine)")
         return [self.var(v) for v in self.vecs[vid]]
 
+    def tmp_like(self, value, shape, axis, size):
+        """A fresh var like ``value`` with ``shape``'s ``axis`` set to ``size``."""
+        shape = list(shape)
+        if shape:
+            shape[axis] = size
+        name = f"v{value.id}_t{len(self.block.vars)}"
+        self.block.vars[name] = PaddleVar(name, LOD_TENSOR, value.dtype,
+                                          DTYPE_CODES.get(value.dtype), shape, 0, False,
+                                          False, False, False)
+        return name
+
     # --- ops ------------------------------------------------------------------------------
     def emit(self, type, inputs, outputs, attrs=None):
         op = PaddleOp(type, {k: list(v) for k, v in inputs.items()},
@@ -355,6 +366,56 @@ def _argmax(ctx, op):
               "dtype": DTYPE_CODES.get(dtype, 3)})
 
 
+def _slice(ctx, op):
+    """``x[start:end]`` along constant axes, as ``split``s (ssaexec has no slice op): the
+    declared size of each sliced axis must be known."""
+    x = ctx.var(_operand(op, 0))
+    value = ctx.pir.values[_operand(op, 0)]
+    shape = list(value.shape)
+    axes = list(op.attrs.get("axes", []))
+    starts = ctx.ints(_operand(op, 1), "the starts")
+    ends = ctx.ints(_operand(op, 2), "the ends")
+    if not (len(axes) == len(starts) == len(ends)):
+        ctx.fail(f"axes {axes}, starts {starts} and ends {ends} differ in length")
+    cur = x
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        axis = axis % len(shape) if shape else axis
+        dim = shape[axis] if 0 <= axis < len(shape) else -1
+        if dim < 0:
+            ctx.fail(f"slicing axis {axis} needs its size declared (it is {dim})")
+        start = max(0, min(dim, start + dim if start < 0 else start))
+        end = max(start, min(dim, end + dim if end < 0 else end))
+        if end == start:
+            ctx.fail(f"an empty slice [{start}:{end}] of axis {axis} is not supported")
+        parts = [n for n in (start, end - start, dim - end) if n > 0]
+        pick = 1 if start > 0 else 0
+        if len(parts) == 1:
+            continue
+        names = [ctx.tmp_like(value, shape, axis, n) for n in parts]
+        ctx.emit("split", {"X": [cur]}, {"Out": names},
+                 {"num": 0, "sections": parts, "axis": axis})
+        cur = names[pick]
+        shape[axis] = end - start
+    out = ctx.out(op.results[0])
+    drop = list(op.attrs.get("decrease_axis", []))
+    if drop:
+        ctx.emit("squeeze2", {"X": [cur]}, {"Out": [out]}, {"axes": drop})
+    else:
+        ctx.emit("assign", {"X": [cur]}, {"Out": [out]})
+
+
+def _pow(ctx, op):
+    y = op.attrs.get("y")
+    if isinstance(y, bool) or not isinstance(y, (int, float)):
+        ctx.fail(f"pow's exponent must be a number, got {y!r}")
+    value = ctx.pir.values[_operand(op, 0)]
+    exponent = ctx.tmp_like(value, [1], 0, 1)
+    ctx.emit("fill_constant", {}, {"Out": [exponent]},
+             {"shape": [1], "dtype": DTYPE_CODES.get(value.dtype, 5), "value": float(y)})
+    ctx.emit("elementwise_pow", {"X": [ctx.var(_operand(op, 0))], "Y": [exponent]},
+             {"Out": [ctx.out(op.results[0])]}, {"axis": -1})
+
+
 def _binary(legacy):
     return _simple(legacy, ["X", "Y"], ["Out"], lambda ctx, op: {"axis": -1})
 
@@ -405,6 +466,8 @@ PIR_OPS = {
     "pd_op.dropout": _dropout,
     "pd_op.assign": _simple("assign", ["X"], ["Out"]),
     "pd_op.argmax": _argmax,
+    "pd_op.slice": _slice,
+    "pd_op.pow": _pow,
 }
 for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "square", "abs"):
     PIR_OPS[f"pd_op.{_name}"] = _simple(_name, ["X"], ["Out"])
