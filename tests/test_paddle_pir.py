@@ -235,7 +235,7 @@ HOSTILE = {
     "a value defined twice": (lambda d: _first(d, "1.relu")["O"][0].__setitem__("%", 1),
                               "value %1 is defined twice"),
     "deep nesting": (lambda d: _first(d, "1.relu").__setitem__("A", _deep(100)),
-                     "nested deeper than the limit max_nesting"),
+                     "deep (the limit max_nesting)"),
     "dims of the wrong type": (lambda d: _first(d, "1.data")["O"][0]["TT"]["D"].__setitem__(
         1, "big"), "dims must be a list, found string"),
     "operands of the wrong type": (lambda d: _first(d, "1.relu").__setitem__("I", {"%": 1}),
@@ -277,3 +277,9 @@ def test_hostile_files_from_python_name_the_spot():
     # parameters that do not fit the program: named
     with pytest.raises(se.ProgramError, match="params|stored with shape|runs past|record"):
         se.from_paddle(PIR / "static_mlp.json", params=PIR / "cnn.pdiparams")
+
+
+def test_the_docs_list_the_pir_ops():
+    from ssaexec.frontends.paddle.pir_convert import pir_table
+    text = (REPO / "docs" / "paddle.md").read_text()
+    assert pir_table() in text, "regenerate the table: pir_convert.pir_table()"

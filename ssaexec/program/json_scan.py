@@ -19,7 +19,8 @@ import re
 
 from ..limits import get_limit
 
-__all__ = ["Malformed", "format_path", "is_int", "too_deep", "line_col", "READER",
+__all__ = ["Malformed", "format_path", "is_int", "too_deep", "decode_bounded", "line_col",
+           "READER",
            "check_values", "type_name", "expect", "short", "expect_object", "locate",
            "set_op_positions"]
 
@@ -71,6 +72,23 @@ def too_deep(text):
         elif c in "]}":
             depth -= 1
     return None
+
+
+def decode_bounded(text, source):
+    """``READER.decode(text)`` after the nesting scan; ``ProgramError`` naming
+    ``SOURCE:LINE:COL`` for text nested too deep or that is not JSON."""
+    from ..errors import ProgramError
+    deep = too_deep(text)
+    if deep is not None:
+        line, col = line_col(text, deep)
+        raise ProgramError(f"{source}:{line}:{col}: invalid JSON: nested more than "
+                           f"{get_limit('max_nesting')} deep (the limit max_nesting)")
+    try:
+        return READER.decode(text)
+    except json.JSONDecodeError as e:
+        raise ProgramError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    except RecursionError:  # pragma: no cover - too_deep rules this out
+        raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
 
 
 def line_col(text, pos):

@@ -28,11 +28,11 @@ import json
 import math
 
 from ..errors import ProgramError
-from ..limits import depth_problem, get_limit, shape_problem
+from ..limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
-from .json_scan import (READER, Malformed, check_values, expect, expect_object, format_path,
-                        is_int, line_col, locate, set_op_positions, short, too_deep, type_name)
+from .json_scan import (Malformed, check_values, decode_bounded, expect, expect_object,
+                        format_path, is_int, locate, set_op_positions, short, type_name)
 from .json_write import (BLOCK_KEYS, OP_KEYS, SCHEMA, TOP_KEYS, VAR_KEYS, VERSION, encode_attr,
                          program_to_dict, to_json)
 
@@ -93,17 +93,7 @@ def from_json(text, source="<string>"):
     """
     if not isinstance(text, str):
         raise ProgramError(f"{source}: expected JSON text (str), got {type(text).__name__}")
-    deep = too_deep(text)
-    if deep is not None:
-        line, col = line_col(text, deep)
-        raise ProgramError(f"{source}:{line}:{col}: invalid JSON: nested more than "
-                           f"{get_limit('max_nesting')} deep (the limit max_nesting)")
-    try:
-        d = READER.decode(text)
-    except json.JSONDecodeError as e:
-        raise ProgramError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except RecursionError:  # pragma: no cover - too_deep rules this out
-        raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
+    d = decode_bounded(text, source)
     try:
         check_values(d, [])
         program = _decode_program(d)

@@ -19,7 +19,6 @@ Policy:
 """
 
 import json
-import math
 
 from ..errors import SSAExecError
 from ..strategy import BuildStrategy
@@ -213,7 +212,3 @@ def format_table(results, bound=BOUND):
                  f"{s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
     return "\n".join(lines) + "\n"
 
-
-def finite(x):
-    """True for a finite number (the JSON output keeps no NaN or inf)."""
-    return isinstance(x, (int, float)) and math.isfinite(x)

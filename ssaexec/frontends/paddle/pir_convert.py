@@ -33,7 +33,7 @@ from ...errors import ProgramError
 from .reader import (DTYPE_CODES, FEED_MINIBATCH, FETCH_LIST, LOD_TENSOR, PaddleBlock,
                      PaddleOp, PaddleProgram, PaddleVar)
 
-__all__ = ["PIR_OPS", "to_legacy", "unsupported_pir_ops"]
+__all__ = ["PIR_OPS", "to_legacy", "unsupported_pir_ops", "pir_table"]
 
 
 class _Ctx:
@@ -471,6 +471,52 @@ PIR_OPS = {
 }
 for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "square", "abs"):
     PIR_OPS[f"pd_op.{_name}"] = _simple(_name, ["X"], ["Out"])
+
+
+# PIR op -> what it becomes before the shared table (legacy op types, or how it is read)
+_BECOMES = {
+    "builtin.parameter": ("(persistable var)", "named by the op; its value from `params`"),
+    "builtin.combine": ("(list of vars)", "packs `concat`'s inputs; emits nothing"),
+    "builtin.split": ("(vars of a list)", "unpacks `split`'s outputs; emits nothing"),
+    "pd_op.data": ("feed", "a data var named by `name`, in program order"),
+    "pd_op.feed": ("feed", "as `pd_op.data`"),
+    "pd_op.fetch": ("fetch", "the fetched value takes the fetch's `name`"),
+    "pd_op.full_int_array": ("(constant)", "folded into the attribute that reads it"),
+    "pd_op.full": ("(constant) or fill_constant", "folded, or materialised when read as a "
+                   "tensor"),
+    "pd_op.pool2d": ("pool2d", "`kernel_size` from a constant"),
+    "pd_op.reshape": ("reshape2", "`shape` from a constant"),
+    "pd_op.scale": ("scale", "the factor from a constant"),
+    "pd_op.mean": ("reduce_mean", "axes from a constant"),
+    "pd_op.sum": ("reduce_sum", "axes from a constant"),
+    "pd_op.max": ("reduce_max", "axes from a constant"),
+    "pd_op.squeeze": ("squeeze2", "axes from a constant"),
+    "pd_op.unsqueeze": ("unsqueeze2", "axes from a constant"),
+    "pd_op.concat": ("concat", "inputs from `builtin.combine`, the axis from a constant"),
+    "pd_op.split": ("split", "sections and axis from constants"),
+    "pd_op.split_with_num": ("split", "the axis from a constant"),
+    "pd_op.slice": ("split (+ squeeze2)", "constant starts and ends, declared sizes"),
+    "pd_op.pow": ("fill_constant, elementwise_pow", "the exponent `y` as a tensor"),
+    "pd_op.batch_norm": ("batch_norm", "running statistics updated in place"),
+    "pd_op.matmul": ("matmul_v2", "`transpose_x`/`transpose_y`"),
+    "pd_op.embedding": ("lookup_table_v2", ""),
+    "pd_op.flatten": ("flatten_contiguous_range", ""),
+    "pd_op.transpose": ("transpose2", "`perm`"),
+    "pd_op.argmax": ("arg_max", "the axis from a constant"),
+    "pd_op.dropout": ("dropout", "`mode` and `is_test` as the legacy attributes"),
+    "pd_op.add": ("elementwise_add", ""), "pd_op.subtract": ("elementwise_sub", ""),
+    "pd_op.multiply": ("elementwise_mul", ""), "pd_op.divide": ("elementwise_div", ""),
+    "pd_op.maximum": ("elementwise_max", ""), "pd_op.minimum": ("elementwise_min", ""),
+}
+
+
+def pir_table():
+    """The docs table: one Markdown row per PIR op, what it becomes and how."""
+    rows = ["| PIR op | legacy op (then the table below) | notes |", "|---|---|---|"]
+    for name in sorted(PIR_OPS):
+        becomes, note = _BECOMES.get(name, (name.split(".", 1)[1], ""))
+        rows.append(f"| `{name}` | {becomes} | {note} |")
+    return "\n".join(rows)
 
 
 def _entry(name):

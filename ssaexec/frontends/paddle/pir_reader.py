@@ -26,13 +26,12 @@ Policy (docs/security.md, docs/paddle.md):
   with the version found.
 """
 
-import json
 import re
 
 from ...errors import ProgramError
 from ...limits import shape_problem
-from ...program.json_scan import (READER, Malformed, check_values, format_path, line_col,
-                                  locate, short, too_deep, type_name)
+from ...program.json_scan import (Malformed, check_values, decode_bounded, format_path,
+                                  locate, short, type_name)
 
 __all__ = ["PirProgram", "PirOp", "PirValue", "decode_pir", "is_pir", "VERSIONS",
            "DIALECTS", "DTYPES"]
@@ -142,17 +141,7 @@ def decode_pir(text, source="<string>"):
         except UnicodeDecodeError as e:
             raise ProgramError(f"{source}: not UTF-8 text (byte {e.start}); not a Paddle PIR "
                                "program") from None
-    deep = too_deep(text)
-    if deep is not None:
-        line, col = line_col(text, deep)
-        raise ProgramError(f"{source}:{line}:{col}: invalid JSON: nested deeper than the "
-                           "limit max_nesting")
-    try:
-        d = READER.decode(text)
-    except json.JSONDecodeError as e:
-        raise ProgramError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    except RecursionError:  # pragma: no cover - too_deep rules this out
-        raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
+    d = decode_bounded(text, source)
     try:
         check_values(d, [])
         return _Decoder(source).program(d)
