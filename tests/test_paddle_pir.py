@@ -154,6 +154,27 @@ def test_paddle_loads_what_ssaexec_wrote(tmp_path):
     assert "outputs equal ssaexec's" in r.stdout
 
 
+@pytest.mark.paddle
+@pytest.mark.skipif(_paddle_python() is None, reason="needs Paddle (or SSAEXEC_PADDLE_PYTHON)")
+@pytest.mark.timeout(600)
+def test_live_paddle_writes_the_committed_fixtures(tmp_path):
+    # the fixture script, run again with the live Paddle: the same outputs and losses
+    r = subprocess.run([_paddle_python(), str(REPO / "tests/fixtures/paddle/make_pir_fixtures.py"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=540)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    for name in MODELS:
+        new, old = _npz(tmp_path / f"{name}.out.npz"), _npz(PIR / f"{name}.out.npz")
+        for k in old:
+            torch.testing.assert_close(new[k], old[k], rtol=1e-5, atol=1e-6)
+        # and ssaexec on the new files gives the new outputs
+        x = next(iter(_npz(tmp_path / f"{name}.feed.npz").values()))
+        model = se.from_paddle(tmp_path / f"{name}.json", params=tmp_path / f"{name}.pdiparams")
+        torch.testing.assert_close(_infer(model, x), new["out"], rtol=1e-5, atol=1e-5)
+    losses = json.loads((tmp_path / "cnn_train.losses.json").read_text())["losses"]
+    want = json.loads((PIR / "cnn_train.losses.json").read_text())["losses"]
+    assert losses == pytest.approx(want, abs=1e-6)
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 def _cli(capsys, *argv):
