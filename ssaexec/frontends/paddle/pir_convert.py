@@ -61,8 +61,8 @@ class _Ctx:
                 stop_gradient=False):
         if name in self.block.vars:
             self.fail(f"var name {name!r} is used twice")
-        if value.kind not in ("dtensor", "scalar"):
-            self.fail(f"value %{value.id} is a {value.kind}, not a tensor")
+        if value.form not in ("dtensor", "scalar"):
+            self.fail(f"value %{value.id} is a {value.form}, not a tensor")
         self.block.vars[name] = PaddleVar(
             name, LOD_TENSOR, value.dtype, DTYPE_CODES.get(value.dtype), list(value.shape),
             0, persistable, is_parameter, stop_gradient, feed)

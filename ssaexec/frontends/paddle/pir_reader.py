@@ -67,15 +67,16 @@ def is_pir(data):
 
 
 class PirValue:
-    """An SSA value: its id, dtype (our name, or None for a non-tensor) and shape."""
+    """An SSA value: its id, dtype (our name, or None for a non-tensor), shape and form
+    (``dtensor``, ``vec`` of ``items``, ``scalar`` or ``null``)."""
 
-    __slots__ = ("id", "dtype", "shape", "kind", "items")
+    __slots__ = ("id", "dtype", "shape", "form", "items")
 
-    def __init__(self, id, dtype, shape, kind="dtensor", items=None):
-        self.id, self.dtype, self.shape, self.kind, self.items = id, dtype, shape, kind, items
+    def __init__(self, id, dtype, shape, form="dtensor", items=None):
+        self.id, self.dtype, self.shape, self.form, self.items = id, dtype, shape, form, items
 
     def __repr__(self):
-        return f"PirValue(%{self.id}, {self.kind}, {self.dtype}, {self.shape})"
+        return f"PirValue(%{self.id}, {self.form}, {self.dtype}, {self.shape})"
 
 
 class PirOp:
@@ -276,8 +277,8 @@ class _Decoder:
         _need(isinstance(tid, str), path + ["#"], "the type has no id")
         if tid == "NULL":
             return PirValue(vid, None, None, "null")
-        dialect, _, kind = tid.partition(".")
-        if kind == "t_dtensor":
+        dialect, _, tag = tid.partition(".")
+        if tag == "t_dtensor":
             data = _list(t.get("D"), path + ["D"], "a dense tensor type's D")
             _need(len(data) >= 2, path + ["D"], "a dense tensor type's D is [dtype, dims, "
                                                 "layout, lod, offset]")
@@ -291,11 +292,11 @@ class _Decoder:
                 lod = _list(data[3], path + ["D", 3], "lod")
                 _need(not lod, path + ["D", 3], "LoD (sequence) tensors are not supported")
             return PirValue(vid, dtype, list(dims))
-        if kind == "t_vec":
+        if tag == "t_vec":
             items = _list(t.get("D", []), path + ["D"], "a vector type's D")
             return PirValue(vid, None, None, "vec",
                             [self.type(x, path + ["D", k], vid) for k, x in enumerate(items)])
-        if kind in DTYPES or kind in _COMPLEX:  # a bare element type (a scalar result)
+        if tag in DTYPES or tag in _COMPLEX:  # a bare element type (a scalar result)
             return PirValue(vid, self.element(t, path), [], "scalar")
         _need(False, path + ["#"], f"type {short(tid)} is not supported (dense tensors, "
                                    "vectors of them and element types are)")
@@ -303,11 +304,11 @@ class _Decoder:
     def element(self, t, path):
         _obj(t, path, "an element type")
         tid = t.get("#")
-        kind = tid.partition(".")[2] if isinstance(tid, str) else None
-        _need(kind in DTYPES, path + ["#"],
+        tag = tid.partition(".")[2] if isinstance(tid, str) else None
+        _need(tag in DTYPES, path + ["#"],
               f"element type {short(tid)} has no ssaexec dtype (supported: "
               f"{', '.join(sorted(DTYPES.values()))})")
-        return DTYPES[kind]
+        return DTYPES[tag]
 
     # --- attributes -----------------------------------------------------------------------
     def attrs(self, entries, path):
@@ -323,35 +324,35 @@ class _Decoder:
     def attr(self, a, path):
         _obj(a, path, "an attribute value")
         tid = a.get("#")
-        _need(isinstance(tid, str), path + ["#"], "the attribute value has no kind")
-        kind = tid.partition(".")[2]
+        _need(isinstance(tid, str), path + ["#"], "the attribute value has no tag")
+        tag = tid.partition(".")[2]
         data = a.get("D")
-        if kind in ("a_f32", "a_f64") and "VD" in a:
+        if tag in ("a_f32", "a_f64") and "VD" in a:
             # a non-finite float: {"VD": "NaN" | "INF" | "-INF"} in place of "D"
             vd = a["VD"]
             _need(isinstance(vd, str) and vd.upper() in ("NAN", "INF", "-INF"), path + ["VD"],
                   f"a non-finite float is NaN, INF or -INF, found {short(vd)}")
             return float(vd.lower())
-        if kind in _SCALARS:
-            want = _SCALARS[kind]
+        if tag in _SCALARS:
+            want = _SCALARS[tag]
             ok = isinstance(data, want) and not (want is int and isinstance(data, bool))
             if want is float and isinstance(data, int) and not isinstance(data, bool):
                 data, ok = float(data), True
             if want is float and isinstance(data, str) and data in ("inf", "-inf", "nan"):
                 data, ok = float(data), True
-            _need(ok, path + ["D"], f"a {kind} attribute holds {type_name(data)} {short(data)}")
+            _need(ok, path + ["D"], f"a {tag} attribute holds {type_name(data)} {short(data)}")
             return data
-        if kind == "a_array":
+        if tag == "a_array":
             items = _list(data, path + ["D"], "an array attribute")
             return [self.attr(x, path + ["D", k]) for k, x in enumerate(items)]
-        if kind == "a_intarray":
+        if tag == "a_intarray":
             items = _list(data, path + ["D"], "an int array attribute")
             for k, x in enumerate(items):
                 _int(x, path + ["D", k], "an int array entry")
             return list(items)
-        if kind == "a_place":
+        if tag == "a_place":
             return list(_list(data, path + ["D"], "a place attribute"))
-        if kind == "a_scalar":
+        if tag == "a_scalar":
             # [element type id, value]: a number of any dtype
             items = _list(data, path + ["D"], "a scalar attribute")
             _need(len(items) == 2 and isinstance(items[1], (int, float, bool, str)),
@@ -362,6 +363,6 @@ class _Decoder:
                       f"a scalar's value {short(v)} is not a number")
                 v = float(v)
             return v
-        if kind == "a_type":
+        if tag == "a_type":
             return self.type(data, path + ["D"], 0)
-        _need(False, path + ["#"], f"attribute kind {short(tid)} is not supported")
+        _need(False, path + ["#"], f"attribute tag {short(tid)} is not supported")
