@@ -71,6 +71,20 @@ def test_older_format_versions(version):
     torch.testing.assert_close(_infer(_model(name), x), want, rtol=1e-5, atol=1e-5)
 
 
+def test_dropout_reads_its_probability_and_mode():
+    # heldout's Dropout(0.2) is upscale_in_train (identity at inference); the same program
+    # with downgrade_in_infer scales by 1 - p at inference, as Paddle does
+    doc = json.loads((PIR / "heldout.json").read_text())
+    drop = next(o for o in _ops(doc) if o["#"] == "1.dropout")
+    for a in drop["A"]:
+        if a["N"] == "mode":
+            a["AT"]["D"] = "downgrade_in_infer"
+    pp = sp.read_program(json.dumps(doc).encode())
+    main = sp.convert_program(pp).program
+    scales = [op.attrs["scale"] for op in main.global_block().ops if op.type == "scale"]
+    assert scales == [pytest.approx(0.8)]
+
+
 def test_the_reader_knows_the_format():
     data = (PIR / "cnn.json").read_bytes()
     assert is_pir(data) and not is_pir((REPO / "examples" / "mnist_mlp.json").read_bytes())

@@ -47,8 +47,7 @@ class Device:
     ``flops`` (fp32 on the CUDA cores), ``flops_tf32`` (TF32 tensor cores; 0 where the
     device has none, and fp32 programs then run at ``flops``) and ``flops_low``
     (bf16/fp16 tensor cores) are dense peaks in FLOP/s, ``mem_bw`` bytes/s: the
-    roofline estimate of a profile uses them, and ``sms`` (streaming multiprocessors,
-    0: unknown) for the wave quantisation of its matrix products.
+    roofline estimate of a profile uses them.
     ``kernel_min`` is the shortest time a kernel occupies a stream (launch latency on
     the device). GPUs run kernels asynchronously on streams; a CPU place runs them on
     the calling thread, on ``Host.cores`` shared with everything else on the machine.
@@ -61,7 +60,6 @@ class Device:
     mem_bw: float = 0.0
     kernel_min: float = 0.0
     flops_tf32: float = 0.0
-    sms: int = 0
 
     @property
     def is_gpu(self):
@@ -167,19 +165,19 @@ _HOST = ("host launch time per op: 6 us of which 40 % under the GIL (an assumpti
          "replace it with a trace of your own machine (ssaexec trace) or --host-op-us")
 
 H100_SXM = Device("gpu", "H100 SXM5 80GB", flops=66.9e12, flops_low=989.4e12,
-                  mem_bw=3.35e12, kernel_min=2.5e-6, flops_tf32=494.7e12, sms=132)
+                  mem_bw=3.35e12, kernel_min=2.5e-6, flops_tf32=494.7e12)
 A100_SXM = Device("gpu", "A100 SXM4 80GB", flops=19.5e12, flops_low=312e12,
-                  mem_bw=2.039e12, kernel_min=2.5e-6, flops_tf32=156e12, sms=108)
+                  mem_bw=2.039e12, kernel_min=2.5e-6, flops_tf32=156e12)
 A100_PCIE = Device("gpu", "A100 PCIe 80GB", flops=19.5e12, flops_low=312e12,
-                   mem_bw=1.935e12, kernel_min=2.5e-6, flops_tf32=156e12, sms=108)
+                   mem_bw=1.935e12, kernel_min=2.5e-6, flops_tf32=156e12)
 V100_SXM2 = Device("gpu", "V100 SXM2 16GB", flops=15.7e12, flops_low=125e12,
-                   mem_bw=900e9, kernel_min=2.5e-6, sms=80)
+                   mem_bw=900e9, kernel_min=2.5e-6)
 # Pascal has no tensor cores: its fp16 rate is twice the fp32 one (no "amp" speed-up for
 # products beyond that); fp32 programs run on the CUDA cores
 P100_SXM2 = Device("gpu", "P100 SXM2 16GB", flops=10.6e12, flops_low=21.2e12,
-                   mem_bw=720e9, kernel_min=2.5e-6, sms=56)
+                   mem_bw=720e9, kernel_min=2.5e-6)
 P100_PCIE = Device("gpu", "P100 PCIe 16GB", flops=9.3e12, flops_low=18.7e12,
-                   mem_bw=720e9, kernel_min=2.5e-6, sms=56)
+                   mem_bw=720e9, kernel_min=2.5e-6)
 
 # NCCL's bus bandwidth on large all-reduces, over the links' line rate (NVIDIA's NCCL
 # maintainer, github.com/NVIDIA/nccl-tests issues 149, 212 and 29, NVIDIA/nccl issue 412):

@@ -326,9 +326,10 @@ def _split(ctx, op):
 
 
 def _dropout(ctx, op):
+    # operands: x, seed_tensor (usually null), p (a constant); older files had p an attribute
     p = op.attrs.get("p", 0.5)
-    if len(op.operands) > 1 and _operand(op, 1) is not None and _operand(op, 1) in ctx.consts:
-        p = ctx.consts[_operand(op, 1)]
+    if _operand(op, 2) is not None:
+        p = ctx.const(_operand(op, 2), "the dropout probability")
     outs = {"Out": [ctx.out(op.results[0])]}
     if len(op.results) > 1:
         outs["Mask"] = [ctx.out(op.results[1])]
