@@ -101,6 +101,9 @@ def _seeds():
 
 
 SEEDS = _seeds()
+# SSAEXEC_FUZZ_SEEDS=pir: only the Paddle 3 PIR seeds (a long run on the PIR reader)
+if os.environ.get("SSAEXEC_FUZZ_SEEDS") == "pir":
+    SEEDS = [s for s in SEEDS if s[1] == ".json" and b'"magic":"pir"' in s[0][:200]]
 
 # Tokens worth splicing in: denied and allowed ATen ops, bombs, odd literals.
 TOKENS = [s.encode() for s in [
