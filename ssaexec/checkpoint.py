@@ -11,10 +11,17 @@ Policy:
 * **No code in a checkpoint.** safetensors holds raw tensors and a JSON header, so
   loading never runs code (no pickle); the file opens with the ``safetensors`` library
   alone.
-* **Atomic.** The file is written next to ``path`` under a temporary name, flushed to
-  disk, renamed over ``path``, and the rename itself flushed (the folder's fsync): a
+* **Atomic.** The file is written next to ``path`` under a temporary name
+  (``.ckpt-*.tmp``), flushed to disk, renamed over ``path`` (replacing a symlink there,
+  never writing through it), and the rename itself flushed (the folder's fsync): a
   crash leaves the old checkpoint or the new one, never half of one
   (``SSAEXEC_FAULT=kill@save:N`` kills between the write and the rename, ``faults``).
+  The mechanics are ``safe_files.atomic_write``, shared with every file ssaexec saves.
+* **All or nothing.** Loading reads and checks the whole file first (header, every
+  tensor, the fit to the program, and the caller's ``check`` of the training state)
+  and only then writes values into the scopes: a refused checkpoint loads nothing.
+  Only a regular file is opened (``safe_files.open_regular``): a FIFO is refused, not
+  waited on.
 * **Training state beside the program's.** ``state`` tensors (RNG states, say) are kept
   under ``@STATE.<name>`` and ``meta`` strings in the header; neither is checked against
   the program, and ``load_checkpoint(..., state={})`` hands them back (``resume``).
@@ -32,15 +39,16 @@ Policy:
 import hashlib
 import json
 import os
-import tempfile
 
 from . import faults
 from .errors import SSAExecError
+from .safe_files import NotRegularFile, atomic_write, fd_path, open_regular
 
 __all__ = ["save_checkpoint", "load_checkpoint", "save_parameters", "FORMAT"]
 
 FORMAT = "ssaexec-checkpoint/1"
 STATE = "@STATE."  # prefix of the training-state tensors (not the program's)
+TEMP_PREFIX = ".ckpt-"  # a save's temporary file: .ckpt-XXXX.tmp in the target's folder
 _RESERVED = ("format", "persistables", "program_hash", "places", "runs")
 
 
@@ -148,50 +156,39 @@ def save_parameters(path, target, program=None):
 
 
 def _write(st, tensors, path, meta, runs):
-    """Write, fsync, rename, fsync the folder (the atomic policy above)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        st.save_file(tensors, tmp, metadata=meta)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        if runs is not None:
-            faults.point("save", runs)
-        os.replace(tmp, path)
-        _fsync_folder(folder)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write, fsync, rename, fsync the folder (the atomic policy above, ``safe_files``)."""
+    fault = (lambda: faults.point("save", runs)) if runs is not None else None
+    atomic_write(path, lambda tmp: st.save_file(tensors, tmp, metadata=meta),
+                 prefix=TEMP_PREFIX, before_rename=fault, private=True)
 
 
-def load_checkpoint(path, target, program=None, state=None):
+def load_checkpoint(path, target, program=None, state=None, check=None, follow_symlinks=True):
     """Load ``path`` into ``target`` (a ParallelExecutor, or a Scope with ``program``).
 
     Returns the checkpoint's metadata. ``SSAExecError`` names every var that is missing,
     extra, or of another shape or dtype. A ``state`` dict receives the file's
-    ``@STATE.`` tensors (``save_checkpoint(state=)``), by name.
+    ``@STATE.`` tensors (``save_checkpoint(state=)``), by name. ``check(meta, state)``,
+    when given, validates the training state (raising ``SSAExecError``) after every
+    tensor was read and fitted to the program and before any of them is written: a
+    refused checkpoint loads nothing. ``follow_symlinks=False`` refuses a symlink at
+    ``path``; anything but a regular file (a FIFO, a folder) is always refused, never
+    opened for a blocking read.
     """
     st = _safetensors()
     path = os.fspath(path)
     try:
-        from safetensors import safe_open
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata() or {}
+        fd = open_regular(path, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         raise SSAExecError(f"{path}: no such checkpoint") from None
-    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
-        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise SSAExecError(f"{path}: not an ssaexec checkpoint (format "
-                           f"{_clip(meta.get('format'))}, expected {FORMAT!r})")
-    runs = _runs(meta.get("runs", "0"), path)
+    except NotRegularFile as e:
+        raise SSAExecError(f"{path}: {e.kind}, not a checkpoint file") from None
+    except OSError as e:
+        raise SSAExecError(f"{path}: cannot read checkpoint: {e.strerror or e}") from None
     try:
-        tensors = st.load_file(path)
-    except Exception as e:  # noqa: BLE001 - a header that lies about the data after it
-        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+        meta, tensors = _read(st, path, fd_path(fd, path))
+    finally:
+        os.close(fd)
+    runs = _runs(meta.get("runs", "0"), path)
     program, get, put, _, _ = _target(target, program)
     kept = {n[len(STATE):]: tensors.pop(n) for n in [n for n in tensors if n.startswith(STATE)]}
     want = {v.name: v for v in _persistables(program)}
@@ -211,6 +208,8 @@ def load_checkpoint(path, target, program=None, state=None):
                                       ("not in the program", extra),
                                       ("different shape or dtype", mismatched)) if names]
         raise SSAExecError(f"{path} does not fit this program: " + "; ".join(parts))
+    if check is not None:
+        check(meta, kept)
     for n, t in tensors.items():
         if n in want:
             put(n, t)
@@ -221,19 +220,24 @@ def load_checkpoint(path, target, program=None, state=None):
     return meta
 
 
-def _fsync_folder(folder):
-    # the rename is an entry of the folder: until the folder is flushed, a power cut may
-    # keep the old entry (POSIX; some filesystems cannot open a folder, and need not)
+def _read(st, path, source):
+    """(metadata, every tensor) of the checkpoint file ``source`` names (``path`` in
+    errors): all of it read and checked before anything is loaded."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
+        from safetensors import safe_open
+        with safe_open(source, framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
+        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise SSAExecError(f"{path}: not an ssaexec checkpoint (format "
+                           f"{_clip(meta.get('format'))}, expected {FORMAT!r})")
+    _runs(meta.get("runs", "0"), path)
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        tensors = st.load_file(source)
+    except Exception as e:  # noqa: BLE001 - a header that lies about the data after it
+        raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    return meta, tensors
 
 
 def _clip(value):

@@ -22,8 +22,17 @@ Policy and invariants:
 * **The folder is shared.** Every rank loads the checkpoint rank 0 chose (its name is
   broadcast), from the same folder: on several machines it must be shared storage. A rank
   that cannot read it raises ``DistributedError`` naming the file.
-* **Newest readable wins.** ``resume`` takes the newest checkpoint that reads; one that
-  does not (a disk error) is named on stderr and the one before it is tried.
+* **Newest valid wins.** ``resume`` takes the newest checkpoint that reads and whose
+  training state is valid (the step, the world size, the data position for the
+  sampler, every RNG state tried on a scratch generator); one that is not (a disk
+  error, a bad RNG state) is named on stderr and the one before it is tried. The
+  chosen one is checked whole before any of it is loaded (``load_checkpoint``'s
+  ``check``): a refusal loads nothing, and no parameter is left half restored.
+* **Only what a save made.** Only regular files are opened, never through a symlink,
+  never blocking (``safe_files.open_regular``): a FIFO named like a checkpoint is
+  skipped, not waited on. A dead save's temporary file (``.ckpt-*.tmp``, a regular
+  file) is removed; a folder, FIFO or symlink of such a name is left alone (never
+  followed) and named on stderr.
 * **Keep the last few.** After a save, all but the ``keep`` newest are deleted (rank 0).
 * **Another world size** is a resume like any other: parameters and optimizer state do
   not depend on it, the sampler reshards the same next global batch
@@ -31,16 +40,19 @@ Policy and invariants:
   ``r % saved world size``.
 """
 
+import copy
 import json
 import os
 import re
+import stat
 import sys
 
 import torch
 
 from . import distributed
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import STATE, load_checkpoint, save_checkpoint
 from .errors import DistributedError, SSAExecError
+from .safe_files import fd_path, open_regular
 
 __all__ = ["Checkpoints"]
 
@@ -127,7 +139,7 @@ class Checkpoints:
         restore this rank's RNG states and the sampler's position (resharded for this
         world). Every rank calls it. Returns the step to continue from (0: none found).
         """
-        choice = self._choose() if distributed.rank() == 0 else None
+        choice = self._choose(sampler) if distributed.rank() == 0 else None
         if distributed.world_size() > 1:
             choice = distributed.collective().gather_objects(
                 choice, "broadcast of the checkpoint to resume from")[0]
@@ -136,9 +148,12 @@ class Checkpoints:
                 self.log(f"no checkpoint in {self.directory}: starting at step 0")
             return 0
         path = self.path(choice)
-        state = {}
+        state, checked = {}, {}
+
+        def check(meta, kept):  # before anything is loaded (load_checkpoint's check)
+            checked["training"] = _check_training(meta, kept, path, sampler)
         try:
-            meta = load_checkpoint(path, pe, state=state)
+            load_checkpoint(path, pe, state=state, check=check, follow_symlinks=False)
         except SSAExecError as e:
             if distributed.world_size() > 1 and not os.path.exists(path):
                 raise DistributedError(
@@ -146,10 +161,8 @@ class Checkpoints:
                     "resumes from: the checkpoint folder must be shared by every machine "
                     "(it is not on this one)") from e
             raise
-        training = _training_meta(meta, path)
+        training = checked["training"]
         if sampler is not None:
-            if training["sampler"] is None:
-                raise SSAExecError(f"{path} holds no data position (saved without a sampler)")
             sampler.load_state_dict(training["sampler"])
             sampler.reshard()
         _set_rng_states(pe, state, training["world_size"])
@@ -159,22 +172,95 @@ class Checkpoints:
                      f"{training['world_size']} process(es), now {distributed.world_size()})")
         return training["step"]
 
-    def _choose(self):
-        """Rank 0: the newest step whose checkpoint reads, after removing dead temp files."""
-        for name in os.listdir(self.directory):
+    def _choose(self, sampler=None):
+        """Rank 0: the newest step whose checkpoint reads and whose training state is
+        valid (``_check_training``), after removing dead temporary files."""
+        for name in sorted(os.listdir(self.directory)):
             if _TEMP.match(name):  # a save killed before its rename: never a checkpoint
-                _remove(os.path.join(self.directory, name))
-                self.log(f"removed {name} in {self.directory}: a save that did not finish")
+                path = os.path.join(self.directory, name)
+                if _remove(path):
+                    self.log(f"removed {name} in {self.directory}: a save that did not finish")
+                else:
+                    self.log(f"ignoring {path}: named like a save's temporary file, but "
+                             "not a file a save makes (left as it is)")
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
-                from safetensors import safe_open
-                with safe_open(path, framework="pt") as f:
-                    _training_meta(f.metadata() or {}, path)
+                meta, state = _peek(path)
+                _check_training(meta, state, path, sampler)
                 return step
             except Exception as e:  # noqa: BLE001 - unreadable: say so, try the one before
                 self.log(f"skipping {path}: {type(e).__name__}: {e}")
         return None
+
+
+def _peek(path):
+    """(header metadata, training-state tensors) of the checkpoint at ``path``: a regular
+    file, never a symlink (opened without blocking, ``safe_files.open_regular``)."""
+    from safetensors import safe_open
+    fd = open_regular(path, follow_symlinks=False)
+    try:
+        with safe_open(fd_path(fd, path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k[len(STATE):]: f.get_tensor(k) for k in f.keys() if k.startswith(STATE)}
+    finally:
+        os.close(fd)
+    return meta, state
+
+
+def _check_training(meta, state, path, sampler=None):
+    """The training entry of a checkpoint, once its data position (for ``sampler``) and
+    every RNG state were checked; ``SSAExecError`` naming what is wrong otherwise.
+
+    Nothing is changed: the data position is tried on a copy of the sampler, each RNG
+    state on a fresh generator of its device (torch's own check of a state).
+    """
+    training = _training_meta(meta, path)
+    if sampler is not None:
+        if training["sampler"] is None:
+            raise SSAExecError(f"{path} holds no data position (saved without a sampler)")
+        try:
+            copy.copy(sampler).load_state_dict(training["sampler"])
+        except SSAExecError as e:
+            raise SSAExecError(f"{path}: {e}") from None
+    for key, t in state.items():
+        generator = _rng_key(key, training["world_size"])
+        if generator is None:
+            continue
+        if t.dtype != torch.uint8 or t.dim() != 1:
+            raise SSAExecError(f"{path}: RNG state {key!r} is a {str(t.dtype)[6:]} tensor of "
+                               f"shape {list(t.shape)}, not a generator state (1-d uint8)")
+        if generator == "cpu":
+            scratch = torch.Generator()
+        elif _cuda_here(generator):
+            scratch = torch.Generator(device=f"cuda:{generator[4:]}")
+        else:
+            continue  # a device this process does not have: _set_rng_states skips it too
+        try:
+            scratch.set_state(t)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise SSAExecError(f"{path}: RNG state {key!r} is not a state of a torch "
+                               f"{generator} generator ({str(e).splitlines()[0][:200]})") \
+                from None
+    return training
+
+
+def _rng_key(key, saved_world):
+    """``'cpu'`` or ``'cuda<i>'`` for a state key ``rng.<rank>.<generator>`` of a saved
+    rank, else None (not an RNG state; ignored as before)."""
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "rng" or not parts[1].isdigit() or len(parts[1]) > 9 \
+            or int(parts[1]) >= saved_world:
+        return None
+    generator = parts[2]
+    if generator == "cpu" or (generator.startswith("cuda") and generator[4:].isdigit()
+                              and len(generator) <= 12):
+        return generator
+    return None
+
+
+def _cuda_here(generator):
+    return torch.cuda.is_available() and int(generator[4:]) < torch.cuda.device_count()
 
 
 def _training_meta(meta, path):
@@ -201,22 +287,28 @@ def _rng_states(pe):
 
 
 def _set_rng_states(pe, state, saved_world):
+    # every state was checked (_check_training) before the checkpoint was loaded
     r = distributed.rank() % saved_world
-    prefix = f"rng.{r}."
     for key, t in state.items():
-        if not key.startswith(prefix):
+        generator = _rng_key(key, saved_world)
+        if generator is None or not key.startswith(f"rng.{r}."):
             continue
-        generator = key[len(prefix):]  # "cpu" or "cuda<device index>"
-        t = t.to(torch.uint8)
         if generator == "cpu":
             torch.set_rng_state(t)
-        elif generator.startswith("cuda") and generator[4:].isdigit() and \
-                torch.cuda.is_available() and int(generator[4:]) < torch.cuda.device_count():
+        elif _cuda_here(generator):
             torch.cuda.set_rng_state(t, int(generator[4:]))
 
 
 def _remove(path):
+    """Remove ``path`` if it is a regular file (what a save writes); True when it is gone.
+
+    Anything else named like a checkpoint or a temporary file (a folder, a FIFO, a
+    symlink) was not made by a save: it is left as it is, and nothing is followed.
+    """
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
         os.unlink(path)
     except FileNotFoundError:
         pass
+    return True

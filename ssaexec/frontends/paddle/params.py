@@ -37,6 +37,7 @@ import torch
 from ...dtypes import dtype_name, torch_dtype
 from ...errors import ProgramError
 from ...limits import shape_problem
+from ...safe_files import atomic_write
 from .reader import DTYPE_CODES, DTYPES, parse_message
 from .schema import messages
 
@@ -226,26 +227,39 @@ def _values(source, names):
 
 
 def save_combined(path, values):
-    """Write ``values`` (name -> tensor) as one combined file, records sorted by name."""
+    """Write ``values`` (name -> tensor) as one combined file, records sorted by name.
+
+    Atomically (``safe_files.atomic_write``): a temporary file in the same folder,
+    flushed, renamed over ``path``; a symlink at ``path`` is replaced, never written
+    through, and a failure leaves the old file as it was.
+    """
     data = b"".join(encode_record(values[n]) for n in sorted(values))
-    try:
-        Path(path).write_bytes(data)
-    except OSError as e:
-        raise ProgramError(f"{path}: cannot write parameter file: {e.strerror or e}") from None
+    _write_atomic(path, data, path)
     return Path(path)
 
 
 def save_directory(directory, values):
-    """Write one file per var into ``directory`` (created when missing)."""
+    """Write one file per var into ``directory`` (created when missing), each atomically."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for name in sorted(values):
-            _safe_name(name, directory).write_bytes(encode_record(values[name]))
     except OSError as e:
         raise ProgramError(f"{directory}: cannot write parameter files: {e.strerror or e}") \
             from None
+    for name in sorted(values):
+        _write_atomic(_safe_name(name, directory), encode_record(values[name]), directory)
     return directory
+
+
+def _write_atomic(path, data, where):
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    try:
+        atomic_write(path, write, prefix=".pdiparams-")
+    except OSError as e:
+        raise ProgramError(f"{where}: cannot write parameter file {Path(path).name}: "
+                           f"{e.strerror or e}") from None
 
 
 def save_params(path, source, names, combined=True):
