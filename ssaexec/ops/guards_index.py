@@ -64,6 +64,21 @@ def _embedding_bag(op, weight, indices, offsets, mode, per_sample_weights,
             _fail(op, text)
 
 
+@_guard("aten.embedding_backward.default", trusts=[INDEX, SHAPE, SIZE], hand_written=True,
+        note="indices in [0, num_weights) on every device (the dense kernel adds rows at them, "
+             "the sparse one makes a sparse tensor of them, unchecked); grad shaped like "
+             "indices plus the embedding dimension; num_weights x that within the limit")
+def _embedding_backward(op, grad, indices, num_weights):
+    if num_weights < 0:
+        _fail(op, f"argument 'num_weights' is {num_weights}")
+    if grad.dim() != indices.dim() + 1:
+        _fail(op, f"grad {_shape(grad)} is not indices {_shape(indices)} plus one dimension")
+    _same_shape(op, "grad", grad, _shape(indices) + [grad.shape[-1]],
+                "indices' shape plus the embedding dimension")
+    _numel(op, [num_weights, grad.shape[-1]], f"its result [{num_weights}, {grad.shape[-1]}]")
+    _index_range(op, "indices", indices, 0, num_weights, "rows of the weight")
+
+
 # Ops whose CPU kernels check their indices: checked elsewhere (device-side asserts).
 @_guard("aten.gather.default", "aten.scatter.src", "aten.scatter.value",
         "aten.scatter_add.default", "aten.scatter_reduce.two", "aten.index_select.default",

@@ -73,6 +73,18 @@ def _batch_norm(op, input, weight, bias, running_mean, running_var):
         _count(op, name, t, c, "one per channel of input")
 
 
+@_guard("aten.native_batch_norm.default", trusts=[SHAPE, VALUE], hand_written=True,
+        note="weight, bias, running_mean and running_var of one element per channel (training "
+             "writes C values into the running statistics, in place); the running statistics "
+             "present when not training (evaluation reads them)")
+def _native_batch_norm(op, input, weight, bias, running_mean, running_var, training):
+    _batch_norm(op, input, weight, bias, running_mean, running_var)
+    if not training:
+        for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+            if t is None:
+                _fail(op, f"argument {name!r} is absent, but training=False reads it")
+
+
 @_guard("aten._native_batch_norm_legit.no_stats", trusts=[SHAPE, VALUE],
         note="weight and bias of one element per channel; training true (no running "
              "statistics to evaluate with)")

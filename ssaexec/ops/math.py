@@ -8,7 +8,12 @@ starting at ``axis``. Gradients reduce back to each operand's shape.
 import torch
 import torch.nn.functional as F
 
+from .guards import kernel
 from .registry import get_op_def, register_grad, register_op
+
+# checks its arguments (a broadcasting kernel), but hand-written ops take every ATen
+# overload they call from the guard layer (ssaexec.ops.guards.kernel), which decides
+_THRESHOLD_BACKWARD = kernel("aten.threshold_backward.default")
 
 _F = "float"
 
@@ -220,7 +225,7 @@ _unary("abs", torch.abs, "Out = |X|.")
 
 @register_grad("relu", uses=["Out"])
 def relu_grad(ins, attrs, wanted):
-    return {"X@GRAD": torch.ops.aten.threshold_backward(ins["Out@GRAD"], ins["Out"], 0)}
+    return {"X@GRAD": _THRESHOLD_BACKWARD(ins["Out@GRAD"], ins["Out"], 0)}
 
 
 @register_op("gelu", ["X"], ["Out"], {"approximate": ("bool", False)})

@@ -5,12 +5,30 @@ Layouts are NCHW. ``batch_norm`` follows Paddle's momentum convention
 running statistics through its ``MeanOut``/``VarianceOut`` outputs, which name
 the same vars as its ``Mean``/``Variance`` inputs. The running variance uses
 the unbiased batch variance, as torch does.
+
+Kernel calls (docs/security.md). The values are the program's: a file may give
+``batch_norm`` 1-element statistics over 8 channels, ``conv2d_grad`` a gradient of
+another batch size, ``lookup_table`` ids past the table. The kernels that trust such
+values are called through the guard layer (``ssaexec.ops.guards.kernel``, resolved
+once, below): ``native_batch_norm`` (statistics, one per channel; training writes
+them), its backward (saved statistics and gradient), ``convolution`` (the size its
+padding makes) and its backward (the gradient's shape), ``embedding`` (ids, off the
+CPU). The ``F.*`` calls left (pooling, layer norm, gelu) check their arguments on every
+device, and their gradients (``torch.func.vjp``) pass statistics the forward made; the
+kernel fuzzer (``tests/kernel_fuzz.py``) drives all of these ops with hostile inputs.
 """
 
 import torch
 import torch.nn.functional as F
 
+from .guards import kernel
 from .registry import register_grad, register_op
+
+_CONVOLUTION = kernel("aten.convolution.default")
+_CONVOLUTION_BACKWARD = kernel("aten.convolution_backward.default")
+_BATCH_NORM = kernel("aten.native_batch_norm.default")
+_BATCH_NORM_BACKWARD = kernel("aten.native_batch_norm_backward.default")
+_EMBEDDING = kernel("aten.embedding.default")
 
 _CONV_ATTRS = {"strides": ("ints", [1, 1]), "paddings": ("ints", [0, 0]),
                "dilations": ("ints", [1, 1]), "groups": ("int", 1)}
@@ -23,16 +41,17 @@ def _pair(v):
 @register_op("conv2d", ["Input", "Filter"], ["Output"], _CONV_ATTRS)
 def conv2d(ins, attrs):
     """Output = 2-D convolution of Input (NCHW) with Filter (OIHW), no bias."""
-    return {"Output": F.conv2d(ins["Input"], ins["Filter"], None, _pair(attrs["strides"]),
-                               _pair(attrs["paddings"]), _pair(attrs["dilations"]),
-                               attrs["groups"])}
+    # what F.conv2d calls for a batched input, behind the guard of its result's size
+    return {"Output": _CONVOLUTION(ins["Input"], ins["Filter"], None, _pair(attrs["strides"]),
+                                   _pair(attrs["paddings"]), _pair(attrs["dilations"]), False,
+                                   [0, 0], attrs["groups"])}
 
 
 @register_grad("conv2d", uses=["Input", "Filter"])
 def conv2d_grad(ins, attrs, wanted):
     x, w, g = ins["Input"], ins["Filter"], ins["Output@GRAD"]
     mask = [wanted.get("Input@GRAD", [False])[0], wanted.get("Filter@GRAD", [False])[0], False]
-    gx, gw, _ = torch.ops.aten.convolution_backward(
+    gx, gw, _ = _CONVOLUTION_BACKWARD(
         g, x, w, None, _pair(attrs["strides"]), _pair(attrs["paddings"]),
         _pair(attrs["dilations"]), False, [0, 0], attrs["groups"], mask)
     out = {}
@@ -56,7 +75,7 @@ def batch_norm(ins, attrs):
     # copies in both modes: training updates them in place, and in test mode
     # MeanOut/VarianceOut must still be fresh tensors, not the Mean/Variance inputs
     mean, var = ins["Mean"].clone(), ins["Variance"].clone()
-    y, saved_mean, saved_invstd = torch.ops.aten.native_batch_norm(
+    y, saved_mean, saved_invstd = _BATCH_NORM(
         x, ins["Scale"], ins["Bias"], mean, var, training, 1.0 - attrs["momentum"],
         attrs["epsilon"])
     return {"Y": y, "MeanOut": mean, "VarianceOut": var, "SavedMean": saved_mean,
@@ -68,7 +87,7 @@ def batch_norm(ins, attrs):
 def batch_norm_grad(ins, attrs, wanted):
     training = not (attrs["is_test"] or attrs["use_global_stats"])
     mask = [wanted.get(k, [False])[0] for k in ("X@GRAD", "Scale@GRAD", "Bias@GRAD")]
-    gx, gs, gb = torch.ops.aten.native_batch_norm_backward(
+    gx, gs, gb = _BATCH_NORM_BACKWARD(
         ins["Y@GRAD"], ins["X"], ins["Scale"], ins["Mean"], ins["Variance"], ins["SavedMean"],
         ins["SavedVariance"], training, attrs["epsilon"], mask)
     return {k: v for k, v, m in zip(("X@GRAD", "Scale@GRAD", "Bias@GRAD"), (gx, gs, gb), mask,
@@ -175,5 +194,10 @@ def lookup_table(ins, attrs):
     """Out = rows of W picked by Ids (embedding); rows at ``padding_idx`` get no gradient.
 
     Its gradient (``ops.sparse``) is sparse, the touched rows only, with ``is_sparse``."""
-    pad = attrs["padding_idx"]
-    return {"Out": F.embedding(ins["Ids"], ins["W"], padding_idx=None if pad < 0 else pad)}
+    w, pad = ins["W"], attrs["padding_idx"]
+    rows = w.shape[0] if w.dim() else 0
+    if pad >= rows:  # F.embedding's check: a padding row must be a row
+        raise ValueError(f"padding_idx {pad} is not a row of W (shape {list(w.shape)})")
+    # what F.embedding calls (padding_idx only matters to the gradient), behind the guard
+    # of the ids off the CPU (a device-side assert there)
+    return {"Out": _EMBEDDING(w, ins["Ids"])}

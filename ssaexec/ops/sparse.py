@@ -25,7 +25,12 @@ What handles a sparse gradient on its way:
 
 import torch
 
+from .guards import kernel
 from .registry import register_grad
+
+# its dense kernel adds rows at the ids unchecked, its sparse one makes a sparse tensor of
+# them: behind the guard of the ids (and the gradient's shape), ssaexec.ops.guards
+_EMBEDDING_BACKWARD = kernel("aten.embedding_backward.default")
 
 __all__ = ["sgd_rows", "adam_rows", "dense", "nbytes", "sum_rows", "rows_of"]
 
@@ -38,8 +43,8 @@ def lookup_table_grad(ins, attrs, wanted):
         return {}
     w, sparse = ins["W"], attrs["is_sparse"]
     pad = attrs["padding_idx"]
-    grad = torch.ops.aten.embedding_backward(g, ins["Ids"], w.shape[0],
-                                             pad if pad >= 0 else -1, False, sparse)
+    grad = _EMBEDDING_BACKWARD(g, ins["Ids"], w.shape[0], pad if pad >= 0 else -1, False,
+                               sparse)
     return {"W@GRAD": grad.coalesce() if sparse else grad}
 
 
