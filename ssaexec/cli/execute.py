@@ -7,8 +7,9 @@ Policy:
   next to the program file) plus documented defaults for whatever it leaves unset
   (``ssaexec.program.defaults``), so any program file runs;
 * feeds are one fixed synthetic batch (``ssaexec.synthetic.synthetic_feed``, seeded),
-  or consecutive slices of the arrays of an ``--feed`` ``.npz`` file; every place
-  needs at least one sample;
+  or consecutive slices of the arrays of an ``--feed`` ``.npz`` file, each checked
+  against its data var (name, dtype, shape, limits) before it is decompressed
+  (``ssaexec.feed_file``); every place needs at least one sample;
 * a header says where every one of those choices came from, before the first step;
   each step prints one line, with the progress bar erased around it.
 """
@@ -18,6 +19,7 @@ import sys
 from collections import namedtuple
 
 from ..errors import FeedError
+from ..feed_file import read_feed_file
 from ..parallel_executor import ParallelExecutor
 from ..program.defaults import loss_var, startup_for
 from ..runtime.scope import Scope
@@ -130,18 +132,13 @@ def _finetune(args, main):
                       f"{how}; fine-tuning {output} with {kind} against 'label', SGD {args.lr}")
 
 
-def _file_feeds(path, batch):
-    """(feed_of(step), rows per step, description) from an .npz file."""
-    import numpy as np
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise FeedError(f"{path}: no such feed file") from None
-    except (OSError, ValueError) as e:
-        raise FeedError(f"{path}: not a readable .npz feed file ({e})") from None
-    if not arrays:
-        raise FeedError(f"{path}: the .npz file holds no arrays")
+def _file_feeds(path, batch, program):
+    """(feed_of(step), rows per step, description) from an .npz file.
+
+    The file is checked against ``program``'s data vars before any array is
+    decompressed (``ssaexec.feed_file``).
+    """
+    arrays = read_feed_file(path, program)
     rows = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
     sizes = {r for r in rows.values() if r is not None}
     if len(sizes) > 1:
@@ -181,7 +178,7 @@ def setup(args):
     else:
         startup, init_note = _startup(args, main)
     if args.feed:
-        feed_of, batch, feed_note = _file_feeds(args.feed, args.batch)
+        feed_of, batch, feed_note = _file_feeds(args.feed, args.batch, main)
     else:
         batch = args.batch or 32
         feed = synthetic_feed(main, batch, args.seed, args.classes)

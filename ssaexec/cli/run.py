@@ -3,11 +3,21 @@
 Setup (loss, initial values, feeds, executor) is ``ssaexec.cli.execute``. Each
 step prints its loss and time; the throughput excludes step 1, which builds the
 graph and warms the kernels, whenever there is more than one step.
+
+``--save`` is checked before the first step, so training is never lost to a save
+that was bound to fail at the end: the folder must exist and the path must not be a
+folder; a ``.pdiparams`` file must hold every persistable var of the Paddle program
+(Paddle loads it record by record, so a file missing one would not load), so when
+ssaexec has no value for one of them (a persistable of a sub-block, which ssaexec
+does not run) the run is refused before training, naming the vars, with a checkpoint
+(``--save X.safetensors``) as the way to keep the trained values. The file itself
+is written atomically (``safe_files``): a failed save leaves the old file as it was.
 """
 
+import os
 import time
 
-from .common import EXIT_OK, ProgressBar
+from .common import EXIT_OK, ProgressBar, UsageError
 from .execute import execution_options, print_header, print_step, setup, throughput
 
 __all__ = ["register"]
@@ -36,14 +46,67 @@ def register(add):
     p.add_argument("--save", metavar="PATH", default=None,
                    help="write a checkpoint (safetensors) after the last step; a PATH "
                         "ending in .pdiparams writes a Paddle program's parameters in "
-                        "Paddle's format instead (Paddle loads it with the program file)")
+                        "Paddle's format instead (Paddle loads it with the program file). "
+                        "Checked before the first step: a save that cannot be written "
+                        "(no such folder, a .pdiparams with vars ssaexec has no value "
+                        "for) is refused before any training")
     p.add_argument("--resume", metavar="PATH", default=None,
                    help="start from a checkpoint written by --save (or se.save_checkpoint)")
     p.set_defaults(func=cmd_run)
 
 
+def _save_plan(args, s):
+    """Check ``--save`` before the first step (the module docstring); return the
+    function that writes it after the last step, or None without ``--save``."""
+    if not args.save:
+        return None
+    path = str(args.save)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--save {path}: the folder {folder} does not exist (nothing was "
+                         "trained)")
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise UsageError(f"--save {path}: is a folder, not a file (nothing was trained)")
+    scope = s.pe.local_scopes[0]
+    written = {n for op in s.pe.run_program.global_block().ops for n in op.output_names()}
+
+    def lacking(names):  # no value now, and no op of the step will write one
+        return [n for n in names if scope.find_var(n) is None and n not in written]
+    if path.lower().endswith(".pdiparams"):
+        from ..frontends.paddle import read_program, save_params
+        pp = read_program(args.program)
+        names = pp.persistable_names()
+        missing = lacking(names)
+        if missing:
+            block = {}
+            for b in reversed(pp.blocks):
+                block.update((n, b.idx) for n in b.vars)
+            shown = ", ".join(f"{n!r} (block {block.get(n, '?')})" for n in missing[:8])
+            raise UsageError(
+                f"--save {path}: Paddle's parameter file holds every persistable var of "
+                f"{args.program}, and ssaexec has no value for {len(missing)} of them: "
+                f"{shown}{' ...' if len(missing) > 8 else ''} (the import keeps the values of "
+                "block 0's persistables only), so it cannot write a file Paddle would load. "
+                "Nothing was trained; save a checkpoint instead (--save RUN.safetensors "
+                "keeps every value the run trains)")
+        return lambda: save_params(path, s.pe, names)
+    from ..checkpoint import save_checkpoint
+    params = [v.name for v in s.pe.run_program.global_block().vars.values()
+              if v.persistable and v.is_parameter]
+    missing = lacking(params)
+    if missing:
+        raise UsageError(f"--save {path}: parameters {', '.join(map(repr, missing[:8]))} have "
+                         "no value and no op writes one: nothing to save (nothing was trained)")
+    return lambda: save_checkpoint(path, s.pe)
+
+
 def cmd_run(args):
     s = setup(args)
+    try:
+        save = _save_plan(args, s)
+    except BaseException:
+        s.pe.close()
+        raise
     print_header(args, s)
     bar = ProgressBar(args.steps, enabled=not args.no_progress)
     times, losses = [], []
@@ -57,13 +120,8 @@ def cmd_run(args):
             losses.append(v)
             print_step(bar, k + 1, args.steps, v, dt,
                        status=f"loss {v:.4f}  {s.batch / dt:,.0f} img/s")
-        if args.save and str(args.save).lower().endswith(".pdiparams"):
-            # Paddle's parameter file of the program's own parameters (a Paddle import)
-            from ..frontends.paddle import persistable_names, save_params
-            save_params(args.save, s.pe, persistable_names(args.program))
-        elif args.save:
-            from ..checkpoint import save_checkpoint
-            save_checkpoint(args.save, s.pe)
+        if save is not None:
+            save()
     finally:
         bar.close()
         s.pe.close()
