@@ -38,6 +38,7 @@ LAYERS = ["ground", "ops", "program", "graph", "runtime", "executors", "tools"]
 PLACEMENT = {
     "ssaexec.errors": "ground", "ssaexec.dtypes": "ground", "ssaexec.place": "ground",
     "ssaexec.limits": "ground", "ssaexec.strategy": "ground", "ssaexec.faults": "ground",
+    "ssaexec.safe_files": "ground",
     "ssaexec.ops": "ops",
     "ssaexec.program": "program",
     "ssaexec.graph": "graph",
