@@ -42,6 +42,7 @@ import os
 
 from . import faults
 from .errors import SSAExecError
+from .runtime.boundary import check_values
 from .safe_files import NotRegularFile, atomic_write, fd_path, open_regular
 
 __all__ = ["save_checkpoint", "load_checkpoint", "save_parameters", "FORMAT"]
@@ -210,6 +211,7 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
         raise SSAExecError(f"{path} does not fit this program: " + "; ".join(parts))
     if check is not None:
         check(meta, kept)
+    check_values(want, tensors, f"checkpoint {path}")  # the declarations (runtime.boundary)
     for n, t in tensors.items():
         if n in want:
             put(n, t)

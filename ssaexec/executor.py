@@ -10,6 +10,11 @@ memory follows the live set as in eager PyTorch. Tests check that both paths
 give bit-identical results. Both hand control ops the block runner of
 ``parallel_do`` (``runtime.parallel_block.run_places``; ``runtime.op_call``). Fetched values are returned as CPU tensors
 detached from the scope (later runs may update parameters in place).
+
+Values the program reads from its scope before writing them (parameters a startup
+program wrote, values set with ``Scope.set_var``) are checked against their
+declarations before a step whenever the scope changed since this program's last step
+(``runtime.boundary.EntryCheck``); feeds are checked as they come (``feed``).
 """
 
 import weakref
@@ -18,6 +23,7 @@ from .errors import SSAExecError
 from .feed import bind_feeds, check_feed, forget_feeds, missing_data_error
 from .program.desc import Program
 from .graph.build import build_ssa_graph
+from .runtime.boundary import EntryCheck
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
 from .runtime.op_call import OpCall
@@ -41,9 +47,10 @@ def fetch_names(fetch_list):
 
 
 class _Plan:
-    __slots__ = ("calls", "free_after", "data_read", "step")
+    __slots__ = ("calls", "free_after", "data_read", "step", "entry")
 
     def __init__(self, program, fetch, device):
+        self.entry = EntryCheck()
         block = program.global_block()
         self.calls = [OpCall(op, i, program, device, run_places)
                       for i, op in enumerate(block.ops)]
@@ -68,9 +75,10 @@ class _Plan:
 class _Compiled:
     """The compiled path: the program's one-place SSA graph lowered by ``CompiledRunner``."""
 
-    __slots__ = ("runner", "in_graph", "data_read", "scheduler")
+    __slots__ = ("runner", "in_graph", "data_read", "scheduler", "entry")
 
     def __init__(self, program, fetch, place):
+        self.entry = EntryCheck()
         block = program.global_block()
         touched = {n for op in block.ops for n in op.input_names() + op.output_names()}
         # fetches of names the program never touches are read from the scope afterwards
@@ -165,8 +173,10 @@ class Executor:
         missing = [n for n in plan.data_read if n not in feeds and scope.find_var(n) is None]
         if missing:
             raise missing_data_error(program.global_block().var(missing[0]))
+        plan.entry.before((program,), [scope], [self.place], feeds)
         replaced = bind_feeds([scope], [self.place], [feeds], ())
         fetched = {}
+        ok = False
         try:
             if self.compiled:
                 fetched = plan.run(scope)
@@ -178,9 +188,12 @@ class Executor:
                     for n in free:
                         scope.erase(n)
                 plan.step += 1
+            ok = True
         except BaseException:
             forget_feeds(program, [scope], [feeds], replaced)
             raise
+        finally:
+            plan.entry.after([scope], ok)
         out = []
         for n in fetch:
             if n in fetched:

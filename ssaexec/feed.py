@@ -2,8 +2,10 @@
 
 Checking. A feed value may be a torch tensor, a NumPy array or a nested list.
 Tensors and arrays must already have the declared dtype (silent casts hide bugs such
-as float64 NumPy data fed to a float32 model); lists are converted to it. Every
-declared dimension other than -1 must match.
+as float64 NumPy data fed to a float32 model); lists are converted to it. The value
+must then fit its declaration by the rule every value entering a step follows
+(``runtime.boundary``: a dense tensor of the declared dtype, rank and every declared
+dimension other than -1), and be on a device its place can copy it from.
 
 Splitting (``place_feeds``). A dict feed is split along dim 0 for data vars whose
 first declared dim is -1 (every split var of one step must have the same batch size);
@@ -24,6 +26,7 @@ import torch
 
 from .errors import FeedError
 from .dtypes import torch_dtype
+from .runtime.boundary import FEED, check_movable, check_value
 
 __all__ = ["check_feed", "to_tensor", "split_batch", "place_feeds", "check_feed_var",
            "bind_feeds", "forget_feeds", "missing_data_error"]
@@ -42,17 +45,7 @@ def to_tensor(name, value, var):
         except (TypeError, ValueError) as e:
             raise FeedError(f"feed {name!r}: cannot make a tensor from {type(value).__name__}: "
                             f"{e}") from None
-    want = torch_dtype(var.dtype)
-    if t.dtype != want:
-        raise FeedError(f"feed {name!r} has dtype {str(t.dtype).replace('torch.', '')} but the "
-                        f"program declares {var.dtype} (shape {var.shape}); convert it first")
-    if var.shape is not None:
-        ok = len(var.shape) == t.dim() and all(d < 0 or d == s for d, s in
-                                                zip(var.shape, t.shape))
-        if not ok:
-            raise FeedError(f"feed {name!r} has shape {list(t.shape)} but the program expects "
-                            f"{var.shape} (-1 is any size)")
-    return t
+    return check_value(var, t, FEED)
 
 
 def check_feed(program, feed, required=()):
@@ -158,6 +151,9 @@ def bind_feeds(scopes, places, per_place, data_read):
         for v in data_read:
             if v.name not in d and scope.find_var(v.name) is None:
                 raise missing_data_error(v, place)
+    for place, d in zip(places, per_place, strict=True):
+        for name, t in d.items():
+            check_movable(name, t, place.device, FEED)
     replaced = []
     for scope, place, d in zip(scopes, places, per_place, strict=True):
         device = place.device

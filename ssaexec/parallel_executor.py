@@ -36,6 +36,12 @@ torch's intra-op threads are set to ``cores // places`` (at least 1; override
 with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
 multi-process run the cores are divided among the machine's processes too.
 
+Values from outside. Before the persistables are broadcast, those the program reads
+before writing are checked against its declarations (``runtime.boundary``: the error
+names the startup program's op that wrote a misfit); ``set_var`` checks its value the
+same way; and a step checks what it reads from the places' scopes only when someone
+wrote them since this executor's last step (``Scope.set_var``, another executor).
+
 Observing. ``observe()`` runs the observed steps on the readable per-op path by
 choosing that runner itself (``_observing``); it never writes the caller's
 ``ExecutionStrategy``, which other executors and threads may share.
@@ -62,6 +68,8 @@ from .graph.build import build_ssa_graph, grad_owners
 from .observe import instrumented
 from .process_group_setup import agree_and_broadcast, process_group_collective
 from .program.desc import Program
+from .runtime.boundary import SET_VAR, EntryCheck, check_value, entering_vars, \
+    startup_source
 from .runtime.compiled import CompiledRunner
 from .runtime.graph_runner import GraphRunner
 from .runtime.inductor import InductorLowering, check_compiler
@@ -158,6 +166,7 @@ class ParallelExecutor:
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
         self._probes = ThreadingProbes(self.places)
         self._programs = StepPrograms()
+        self._entry = EntryCheck()  # what steps read from the places' scopes (boundary)
         self._observing = False  # observe(): steps run the readable path (see observe)
         self._device_contexts = None
         self._prev_torch_threads = None
@@ -173,7 +182,7 @@ class ParallelExecutor:
             self.local_scopes = [Scope() for _ in self.places]
             if self.distributed:
                 self._sync_processes()
-            self._broadcast_persistables()
+            self._broadcast_persistables(startup_program)
         except BaseException:
             self.close()
             raise
@@ -264,9 +273,19 @@ class ParallelExecutor:
         return {n: owners[next(iter(ps))] for n, ps in users.items()
                 if len(ps) == 1 and None not in ps and next(iter(ps)) in owners}
 
-    def _broadcast_persistables(self):
-        block = self.run_program.global_block()
+    def _step_programs(self):
+        """The programs a step may run: the full step's and, with gradient accumulation,
+        the micro-batches'."""
+        acc = self.program_for("accumulate")
+        return (self.run_program,) if acc is None else (self.run_program, acc)
+
+    def _broadcast_persistables(self, startup):
+        programs = self._step_programs()
+        block = programs[0].global_block()
         owned = self.state_owners()
+        # the startup program's values, checked once, before any place holds them
+        entering = {v.name for p in programs for v in entering_vars(p)}
+        device = self.places[0].device
         for var in block.vars.values():
             if not var.persistable:
                 continue
@@ -276,6 +295,8 @@ class ParallelExecutor:
                     raise SSAExecError(f"parameter {var.name!r} has no value in the scope: run "
                                        "the startup program first or pass startup_program=")
                 continue
+            if var.name in entering:
+                check_value(var, src, startup_source(startup, var.name), device, moves=True)
             for i, (place, ls) in enumerate(zip(self.places, self.local_scopes, strict=True)):
                 if owned.get(var.name, i) != i:
                     continue  # ZeRO: another place owns this optimizer state
@@ -283,6 +304,7 @@ class ParallelExecutor:
                     ls.set_var(var.name, src)  # place 0 shares the user's scope
                 else:
                     ls.set_var(var.name, src.detach().to(place.device, copy=True))
+        self._entry.trust(programs, self.local_scopes)
 
     def _contexts(self):
         """One ``DeviceContext`` (compute/comm/fetch streams) per CUDA place, None for CPU."""
@@ -354,11 +376,9 @@ class ParallelExecutor:
         """
         var = self.run_program.global_block().find_var(name)
         dtype = torch_dtype(var.dtype) if var is not None else None
-        value = torch.as_tensor(value, dtype=dtype)
-        if var is not None and var.shape is not None and -1 not in var.shape and \
-                list(value.shape) != list(var.shape):
-            raise SSAExecError(f"set_var({name!r}): the program declares shape {var.shape}, "
-                               f"got {list(value.shape)}")
+        value = torch.as_tensor(value, dtype=dtype)  # numbers and lists take the dtype
+        if var is not None:
+            check_value(var, value, SET_VAR, self.places[0].device, moves=True)
         for place, scope in zip(self.places, self.local_scopes, strict=True):
             old = scope.vars.get(name)
             if old is not None and old.shape == value.shape and old.dtype == value.dtype:
@@ -480,6 +500,8 @@ class ParallelExecutor:
         # a checkpoint's ``runs`` restores the masks of the steps after it (runtime.rng)
         runner.step[0] = self._micro_step
         per_place = place_feeds(self.program, feed, len(self.places), allow_persistable_feed)
+        self._entry.before(self._step_programs(), self.local_scopes, self.places,
+                           set().union(*per_place))
         replaced = []
 
         def bind(parts):
@@ -488,6 +510,7 @@ class ParallelExecutor:
         graphs = self._graphs_of(runner) if self.exec_strategy.cuda_graph else None
         if graphs is None:
             bind(per_place)
+        ok = False
         try:
             if self.distributed:
                 fetched = self._run_distributed(runner)
@@ -499,9 +522,12 @@ class ParallelExecutor:
                 fetched = runner.run(self.exec_strategy.sync)
                 if probe is not None:
                     probe.record(runner, time.perf_counter() - t0)
+            ok = True
         except BaseException:
             forget_feeds(self.program, self.local_scopes, per_place, replaced)
             raise
+        finally:
+            self._entry.after(self.local_scopes, ok)
         self._micro_step += 1
         if self._shadowing is not None:
             self._unshadow()

@@ -301,8 +301,8 @@ def test_stored_shape_must_match_the_program():
     params = dict(m.params)
     params["fc_0.w_0"] = np.zeros((3, 3), np.float32)
     data = b"".join(encode_record(torch.tensor(v)) for v in params.values())
-    with pytest.raises(se.ProgramError, match=r"'fc_0.w_0' is stored with shape \[3, 3\], the "
-                                              r"program declares \[8, 16\]"):
+    with pytest.raises(se.ProgramError, match=r"'fc_0.w_0' from the parameter bytes has shape "
+                                              r"\[3, 3\] but the program declares \[8, 16\]"):
         se.from_paddle(m.main, params=data)
 
 

@@ -4,21 +4,32 @@ A scope may have a parent; lookups fall back to it, writes stay local. The
 ``ParallelExecutor`` keeps one scope per place. Plain dict operations are
 atomic under the GIL, which is all the scheduler needs: the SSA graph already
 orders every write against the reads of the same name.
+
+Stamps. ``version`` is a number no other scope has had: ``set_var`` and ``touch``
+(called by the executors when a step ends) renew it, so an executor can tell that
+someone wrote a scope since its last step and check the values its program will read
+against their declarations (``runtime.boundary``). Writing ``vars`` directly (the
+runtime's own bookkeeping inside a step) leaves the stamp alone.
 """
 
 __all__ = ["Scope", "global_scope", "scope_guard"]
 
 import contextlib
+import itertools
+
+# next() of a count is atomic in CPython: stamps stay unique across threads
+_STAMPS = itertools.count(1)
 
 
 class Scope:
     """A map from var name to ``torch.Tensor`` with an optional parent scope."""
 
-    __slots__ = ("vars", "parent", "__weakref__")
+    __slots__ = ("vars", "parent", "version", "__weakref__")
 
     def __init__(self, parent=None):
         self.vars = {}
         self.parent = parent
+        self.version = next(_STAMPS)
 
     def find_var(self, name):
         """The tensor named ``name`` here or in an ancestor, else None."""
@@ -31,8 +42,13 @@ class Scope:
         return None
 
     def set_var(self, name, tensor):
-        """Bind ``name`` to ``tensor`` in this scope."""
+        """Bind ``name`` to ``tensor`` in this scope (renews the stamp)."""
         self.vars[name] = tensor
+        self.version = next(_STAMPS)
+
+    def touch(self):
+        """Renew the stamp: the values may have changed (a step ran in this scope)."""
+        self.version = next(_STAMPS)
 
     def has_var(self, name):
         return self.find_var(name) is not None

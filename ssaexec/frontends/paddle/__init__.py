@@ -39,7 +39,13 @@ Importing this package registers readers with ``ssaexec.program.io.load_program`
 files: ``.pdmodel``/``.pdprog`` read as the converted program, a ``.json`` file whose
 content is a PIR program too (``register_sniffer``: ssaexec's own JSON programs stay
 ssaexec's), ``.pdiparams`` as a startup program that sets the parameters (its program
-is the ``.pdmodel``, ``.pdprog`` or PIR ``.json`` file of the same stem next to it).
+is the one ``.pdmodel``, ``.pdprog`` or PIR ``.json`` file of the same stem next to it;
+two such files are ambiguous, and refused).
+
+Values. A parameter file is decoded against the program it is loaded with and every
+value checked against that program's declarations (``runtime.boundary``); a tool that
+runs a program with a parameter file decodes it against the program being run
+(``params_startup``), never against another file that happens to lie beside it.
 """
 
 import collections
@@ -49,6 +55,7 @@ from ...errors import ProgramError
 from ...ops.aten import encode_bytes
 from ...program.desc import Program, register_test_rewrite
 from ...program.io import register_reader, register_sniffer
+from ...runtime.boundary import check_value
 from .convert import convert_program, unsupported_ops
 from .evalmode import to_inference
 from .finetune import finetune
@@ -59,6 +66,7 @@ from .pir_reader import decode_pir, is_pir
 from .reader import PaddleProgram, decode_program
 
 __all__ = ["from_paddle", "PaddleModel", "finetune", "read_program", "load_params",
+           "params_startup", "is_program_file",
            "save_params", "persistable_names", "decode_program", "convert_program",
            "unsupported_ops", "mapping_table", "MAPPINGS", "SUFFIXES", "PARAMS_SUFFIX",
            "is_paddle_file"]
@@ -129,12 +137,45 @@ def _read_params(data, source):
     ``model.json``).
     """
     path = Path(source)
-    for suffix in SUFFIXES + (".json",):
-        sibling = path.with_suffix(suffix)
-        if sibling.is_file() and (suffix != ".json" or _sniff_file(sibling)):
-            return from_paddle(sibling, params=path).startup  # errors name the file
+    siblings = [s for s in (path.with_suffix(x) for x in SUFFIXES + (".json",))
+                if s.is_file() and is_program_file(s)]
+    if len(siblings) > 1:
+        # records carry no names: decoded against the wrong one they would set other
+        # vars, or values of other shapes
+        raise ProgramError(f"{source}: {' and '.join(s.name for s in siblings)} are both "
+                           "next to it; say which program it belongs to (ssaexec run "
+                           f"PROGRAM --startup {path.name}, or from_paddle(PROGRAM, "
+                           "params=...))")
+    if siblings:
+        return from_paddle(siblings[0], params=path).startup  # errors name the file
     raise ProgramError(f"{source}: a parameter file is read with its program, "
                        f"{path.with_suffix(SUFFIXES[0]).name}, which is not there")
+
+
+def is_program_file(path):
+    """True when ``path`` is a Paddle program file: ``.pdmodel``/``.pdprog``, or a
+    ``.json`` file whose content is a PIR program."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    return suffix in SUFFIXES or (suffix == ".json" and _sniff_file(path))
+
+
+def params_startup(params, program):
+    """The startup program setting the values of ``params`` (a ``.pdiparams`` file),
+    decoded against ``program``, the Paddle program file being run, and checked
+    against its declarations.
+
+    Raises
+    ------
+    ProgramError
+        When ``program`` is not a Paddle program file (the records carry no names:
+        only their own program says which var each one is), or the file does not fit it.
+    """
+    if not is_program_file(program):
+        raise ProgramError(f"{params}: a Paddle parameter file is decoded against the Paddle "
+                           f"program it belongs to, and the program being run, {program}, is "
+                           "not one (a PIR .json, .pdmodel or .pdprog file)")
+    return from_paddle(program, params=params).startup
 
 
 def _sniff_file(path):
@@ -230,21 +271,17 @@ def from_paddle(program, params=None, startup=None, *, validate=True):
 
 
 def _check_values(loaded, block, params):
+    """The decoded values, each checked against ``block``'s declaration (the boundary
+    rule); a one-element value of a var declared ``[]`` or ``[1]`` takes that shape
+    (Paddle stores scalars either way)."""
+    source = f"parameter file {params}" if not isinstance(
+        params, (bytes, bytearray, memoryview)) else "the parameter bytes"
     out = {}
     for name, tensor in loaded.items():
         var = block.find_var(name)
         if var is None:
             continue  # a persistable of a sub-block or a non-tensor var: nothing reads it here
-        dtype = str(tensor.dtype).replace("torch.", "")
-        if dtype != var.dtype:
-            raise ProgramError(f"{params}: var {name!r} is stored as {dtype}, the program "
-                               f"declares {var.dtype}")
-        shape = list(tensor.shape)
-        if var.shape is not None and (len(var.shape) != len(shape) or any(
-                d >= 0 and d != s for d, s in zip(var.shape, shape, strict=True))):
-            if not (var.shape in ([], [1]) and tensor.numel() == 1):
-                raise ProgramError(f"{params}: var {name!r} is stored with shape {shape}, the "
-                                   f"program declares {var.shape}")
+        if var.shape in ([], [1]) and tensor.numel() == 1 and list(tensor.shape) != var.shape:
             tensor = tensor.reshape(var.shape)
-        out[name] = tensor
+        out[name] = check_value(var, tensor, source)
     return out
