@@ -2,7 +2,8 @@
 
 The layers, bottom to top (docs/architecture.md draws them):
 
-    ground     errors, dtypes, place, limits, strategy, faults  (import nothing of ours but errors)
+    ground     errors, dtypes, place, limits, strategy, faults, compat
+               (import nothing of ours but errors)
     ops        the op registry (a leaf), schemas, the policy, the kernels
     program    ProgramDesc, its codecs and checks, the builder, backward, optimizers
     graph      SSA handles and graphs, building, aliasing, analysis, pictures
@@ -39,6 +40,7 @@ PLACEMENT = {
     "ssaexec.errors": "ground", "ssaexec.dtypes": "ground", "ssaexec.place": "ground",
     "ssaexec.limits": "ground", "ssaexec.strategy": "ground", "ssaexec.faults": "ground",
     "ssaexec.safe_files": "ground",
+    "ssaexec.compat": "ground",
     "ssaexec.ops": "ops",
     "ssaexec.program": "program",
     "ssaexec.graph": "graph",

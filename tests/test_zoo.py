@@ -1,7 +1,8 @@
 """A zoo of model code nobody here wrote: ``transformers`` models through ``se.from_torch``.
 
-Acceptance (issue 23): GPT-2, Llama (grouped-query attention, rotary embeddings,
-RMSNorm), BERT, ViT and ResNet, built from small configs (never downloaded), train 3
+Acceptance (issues 23 and 47): GPT-2, Llama (grouped-query attention, rotary embeddings,
+RMSNorm), Mistral (sliding-window attention), BERT, DistilBERT, ViT, ResNet and ConvNeXt
+(layer norm over channels-last), built from small configs (never downloaded), train 3
 SGD steps on 1 and 2 CPU places exactly as eager PyTorch does (float64, 1e-6: the loss
 and every parameter); a padded batch with an ``attention_mask`` gives eager's loss; one
 program trains on sequence lengths 16 and 32; tied embeddings stay one parameter with
@@ -46,6 +47,16 @@ def _config(name):
     if name == "llama":  # grouped-query attention: 4 heads share 2 key/value heads
         return T.LlamaConfig(vocab_size=V, num_key_value_heads=2, bos_token_id=0,
                              eos_token_id=0, pad_token_id=0, **DECODER)
+    if name == "mistral":
+        return T.MistralConfig(vocab_size=V, num_key_value_heads=2, bos_token_id=0,
+                               eos_token_id=0, pad_token_id=0, sliding_window=8, **DECODER)
+    if name == "distilbert":
+        return T.DistilBertConfig(vocab_size=V, dim=32, hidden_dim=64, n_layers=2, n_heads=4,
+                                  max_position_embeddings=64, num_labels=3, dropout=0.0,
+                                  attention_dropout=0.0, seq_classif_dropout=0.0)
+    if name == "convnext":
+        return T.ConvNextConfig(num_channels=3, patch_size=4, hidden_sizes=[8, 16], num_stages=2,
+                                depths=[1, 1], image_size=16, num_labels=3)
     if name == "bert":
         return T.BertConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
                             num_hidden_layers=2, num_attention_heads=4,
@@ -58,8 +69,11 @@ def _config(name):
 
 
 _CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-            "bert": "BertForSequenceClassification", "vit": "ViTForImageClassification",
-            "resnet": "ResNetForImageClassification"}
+            "mistral": "MistralForCausalLM", "bert": "BertForSequenceClassification",
+            "distilbert": "DistilBertForSequenceClassification",
+            "vit": "ViTForImageClassification", "resnet": "ResNetForImageClassification",
+            "convnext": "ConvNextForImageClassification"}
+ZOO = ["gpt2", "llama", "mistral", "bert", "distilbert", "vit", "resnet", "convnext"]
 
 
 def _model(name):
@@ -69,7 +83,7 @@ def _model(name):
 
 def _batch(name, g, seq=S, pad=(0, 2, 0, 2)):
     """One batch of keyword inputs; ``pad[i]`` trailing pad tokens in row ``i``."""
-    if name in ("vit", "resnet"):
+    if name in ("vit", "resnet", "convnext"):
         return {"pixel_values": torch.randn(B, 3, 16, 16, dtype=torch.float64, generator=g),
                 "labels": torch.randint(0, 3, (B,), generator=g)}
     ids = torch.randint(1, V, (B, seq), generator=g)
@@ -77,7 +91,7 @@ def _batch(name, g, seq=S, pad=(0, 2, 0, 2)):
     for i, n in enumerate(pad):
         if n:
             mask[i, seq - n:] = 0
-    if name == "bert":
+    if name in ("bert", "distilbert"):
         return {"input_ids": ids, "attention_mask": mask,
                 "labels": torch.randint(0, 3, (B,), generator=g)}
     # the causal LM's loss skips padding (-100); rows 0-1 and 2-3 (the places' halves)
@@ -151,7 +165,7 @@ def _assert_matches(losses, scopes, ref_losses, ref, tol=1e-6):
 
 
 # --- acceptance 1: the zoo, 3 SGD steps on 1 and 2 places ---------------------------------------
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "resnet"])
+@pytest.mark.parametrize("name", ZOO)
 @pytest.mark.parametrize("places", [1, 2])
 def test_zoo_trains_like_eager(name, places):
     model, main0, startup0, loss = _captured(name)

@@ -10,6 +10,7 @@ place's device, so a CUDA graph can replay the step and no step waits for the ho
 
 import torch
 
+from ..compat import amp_unscale_, amp_update_scale_
 from .registry import register_op
 
 
@@ -23,7 +24,7 @@ def amp_unscale(ins, attrs):
     """GradsOut = Grads / Scale (in place); FoundInf = 1.0 if any is not finite."""
     grads, scale = ins["Grads"], ins["Scale"]
     found = torch.zeros((), dtype=torch.float32, device=scale.device)
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, scale.reciprocal())
+    amp_unscale_(grads, found, scale.reciprocal())
     return {"GradsOut": grads, "FoundInf": found}
 
 
@@ -34,7 +35,7 @@ def amp_unscale(ins, attrs):
 def amp_update_scale(ins, attrs):
     """Halve the scale after an overflow, grow it after ``growth_interval`` clean steps."""
     scale, tracker, found = ins["Scale"], ins["GrowthTracker"], ins["FoundInf"]
-    torch._amp_update_scale_(scale, tracker, found, attrs["growth_factor"],
+    amp_update_scale_(scale, tracker, found, attrs["growth_factor"],
                              attrs["backoff_factor"], attrs["growth_interval"])
     skipped = ins["SkippedSteps"]
     skipped.add_(found.to(skipped.dtype))

@@ -75,8 +75,8 @@ import math
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..compat import TorchDispatchMode
 from ..errors import ProgramError
 from ..limits import cap_sizes, get_limit, numel_problem
 from ..dtypes import DTYPES, dtype_name, torch_dtype

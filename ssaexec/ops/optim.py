@@ -27,6 +27,7 @@ import contextvars
 
 import torch
 
+from ..compat import foreach
 from .registry import register_op
 from .sparse import adam_rows, dense, sgd_rows
 
@@ -64,7 +65,7 @@ def _snapshot(tensors, skip):
     """The old values of ``tensors`` an update may have to restore, or None (no ``skip``)."""
     if skip is None or not tensors:
         return None
-    return tensors, torch._foreach_clone(tensors)
+    return tensors, foreach("clone")(tensors)
 
 
 def _restore(saved, skip):
@@ -189,16 +190,16 @@ def _sparse_apart(kernel, cols, lr, attrs, skip=None):
 
 
 def _decayed_all(grads, params, wd):
-    return torch._foreach_add(grads, params, alpha=wd) if wd else grads
+    return foreach("add")(grads, params, alpha=wd) if wd else grads
 
 
 def _foreach_sub_lr_times(ps, steps, lr):
     """``ps[i] -= lr * steps[i]`` in place (see ``_minus_lr``)."""
     alpha = _minus_lr(lr)
     if alpha is None:
-        torch._foreach_sub_(ps, torch._foreach_mul(steps, _lr_scalar(lr)))
+        foreach("sub_")(ps, foreach("mul")(steps, _lr_scalar(lr)))
     else:
-        torch._foreach_add_(ps, steps, alpha=alpha)
+        foreach("add_")(ps, steps, alpha=alpha)
 
 
 def sgd_foreach(cols, lr, attrs, skip=None):
@@ -221,9 +222,9 @@ def momentum_foreach(cols, lr, attrs, skip=None):
     ps, vs, mu = cols["Param"], cols["Velocity"], attrs["mu"]
     saved = _snapshot(ps + vs, skip)
     gs = _decayed_all(cols["Grad"], ps, attrs["weight_decay"])
-    torch._foreach_mul_(vs, mu)
-    torch._foreach_add_(vs, gs)
-    steps = torch._foreach_add(gs, vs, alpha=mu) if attrs["use_nesterov"] else vs
+    foreach("mul_")(vs, mu)
+    foreach("add_")(vs, gs)
+    steps = foreach("add")(gs, vs, alpha=mu) if attrs["use_nesterov"] else vs
     _foreach_sub_lr_times(ps, steps, lr)
     _restore(saved, skip)
 
@@ -240,25 +241,25 @@ def adam_foreach(cols, lr, attrs, skip=None):
     gs = cols["Grad"]
     if attrs["decoupled"]:
         if wd:
-            torch._foreach_mul_(ps, _lr_scalar(1 - lr * wd))
+            foreach("mul_")(ps, _lr_scalar(1 - lr * wd))
     else:
         gs = _decayed_all(gs, ps, wd)
-    torch._foreach_mul_(b1ps, b1)
-    torch._foreach_mul_(b2ps, b2)
-    torch._foreach_mul_(m1s, b1)
-    torch._foreach_add_(m1s, gs, alpha=1 - b1)
-    torch._foreach_mul_(m2s, b2)
-    torch._foreach_addcmul_(m2s, gs, gs, value=1 - b2)
+    foreach("mul_")(b1ps, b1)
+    foreach("mul_")(b2ps, b2)
+    foreach("mul_")(m1s, b1)
+    foreach("add_")(m1s, gs, alpha=1 - b1)
+    foreach("mul_")(m2s, b2)
+    foreach("addcmul_")(m2s, gs, gs, value=1 - b2)
     # 1 - x is exactly (-x) + 1 in IEEE arithmetic
-    bc2 = torch._foreach_neg(b2ps)
-    torch._foreach_add_(bc2, 1)
-    denom = torch._foreach_div(torch._foreach_sqrt(m2s), torch._foreach_sqrt(bc2))
-    torch._foreach_add_(denom, attrs["epsilon"])
-    bc1 = torch._foreach_neg(b1ps)
-    torch._foreach_add_(bc1, 1)
+    bc2 = foreach("neg")(b2ps)
+    foreach("add_")(bc2, 1)
+    denom = foreach("div")(foreach("sqrt")(m2s), foreach("sqrt")(bc2))
+    foreach("add_")(denom, attrs["epsilon"])
+    bc1 = foreach("neg")(b1ps)
+    foreach("add_")(bc1, 1)
     # lr / (1 - b1p) per parameter: a list of 0-dim tensors on both sides (one kernel)
-    step_size = torch._foreach_div([lr] * len(ps), bc1)
-    torch._foreach_sub_(ps, torch._foreach_mul(torch._foreach_div(m1s, denom), step_size))
+    step_size = foreach("div")([lr] * len(ps), bc1)
+    foreach("sub_")(ps, foreach("mul")(foreach("div")(m1s, denom), step_size))
     _restore(saved, skip)
 
 

@@ -40,8 +40,8 @@ import warnings
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..compat import TorchDispatchMode
 from ..errors import SSAExecError
 
 __all__ = ["HostSyncDetector", "HostSync", "Allowed", "ALLOWED", "HostSyncError",

@@ -97,8 +97,9 @@ import threading
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import compat
+from ..compat import TorchDispatchMode
 from ..errors import OpError, SSAExecError
 from ..ops.guards import TRACED
 from ..ops.optim import LR_AS_TENSOR
@@ -128,6 +129,10 @@ def check_compiler(compiler, places):
         return
     if compiler != "inductor":
         raise SSAExecError(f"compiler must be None or 'inductor', got {compiler!r}")
+    # what a compile needs of torch, refused now (at build time) rather than mid-step
+    compat.require("inductor.compile_fx", "inductor.config", "inductor.tracing_context",
+                   "inductor.tracing", "fx.make_fx", "fx.disable_proxy_modes_tracing",
+                   "fx.get_dispatch_mode", "fx.dispatch_mode_key", "library.custom_op")
     if any(not p.is_cuda for p in places) and \
             not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
         raise SSAExecError("compiler='inductor' on CPU places needs a C++ compiler, and none "
@@ -383,11 +388,8 @@ class _CompiledSegment:
         self.seeds = [torch.zeros((), dtype=torch.int64) for _ in self.draws]
 
     def _compile(self, inputs):
-        from torch._guards import TracingContext, tracing
-        from torch._inductor.compile_fx import compile_fx
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
+        compile_fx, make_fx = compat.compile_fx, compat.make_fx
+        disable_proxy_modes_tracing = compat.disable_proxy_modes_tracing
         body, loads, stores = self.seg.lowered.fn, self.loads, self.stores
 
         n_loads = len(loads)
@@ -429,12 +431,12 @@ class _CompiledSegment:
         # its FX graph cache ("No shape env"), and a second process compiles everything
         # again; ignore_shape_env keeps the example inputs' static shapes
         def compiled(cpp_wrapper):
-            context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+            fake_mode = compat.fake_tensor_mode(shape_env=compat.shape_env())
             # no size asserts: the graph is only ever called with inputs of the shapes,
             # strides, dtypes and devices it was compiled for (the signature picks it), so
             # Inductor's own check of each input, every call, would repeat ours (tens of
             # microseconds a step on a launch-bound model: one check per input)
-            with tracing(context), torch._inductor.config.patch(
+            with compat.tracing_context(fake_mode), compat.inductor_config().patch(
                     emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
                 return compile_fx(gm, copies, ignore_shape_env=True)
 
@@ -471,9 +473,10 @@ def _cpp_wrapper_ok(gm, inputs):
         if node.op != "call_function":
             continue
         target = node.target
-        if isinstance(target, torch._ops.HigherOrderOperator):
+        overload, packet, higher_order = compat.op_classes()
+        if isinstance(target, higher_order):
             return False
-        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+        if isinstance(target, (overload, packet)) and \
                 target.namespace not in ("aten", "prims"):
             return False
     return True
@@ -550,7 +553,7 @@ class _SeededDraws(TorchDispatchMode):
 def _tracing():
     """Whether ``make_fx`` records the ATen calls now (not inside
     ``disable_proxy_modes_tracing``)."""
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    return compat.proxy_tracing()
 
 
 def _draws(func, args, kwargs):

@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..compat import has_torch_nccl
 from ..errors import SSAExecError
 from .collective import LocalCollective, is_sparse_collective
 
@@ -239,7 +240,7 @@ def torch_nccl_unavailable():
         import torch.cuda.nccl as tnccl
     except Exception as e:
         return f"torch.cuda.nccl does not import ({_one_line(e)})"
-    if not hasattr(torch._C, "_nccl_all_reduce") or not tnccl.is_available([]):
+    if not has_torch_nccl() or not tnccl.is_available([]):
         return "this torch build has no NCCL (torch.cuda.nccl is not available)"
     return None
 

@@ -39,6 +39,8 @@ import threading
 
 import torch
 
+from ..compat import custom_op
+
 __all__ = ["op_seed", "seeded", "needs_step_seed", "seeded_call", "register_call"]
 
 _MASK = (1 << 64) - 1
@@ -145,7 +147,7 @@ def _as_list(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-@torch.library.custom_op("ssaexec::seeded_call", mutates_args=())
+@custom_op("ssaexec::seeded_call", mutates_args=())
 def seeded_call(key: str, seed: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the drawing ATen call ``key`` (``register_call``) under ``seeded(seed)``."""
     func, args, kwargs, device = _call(key, tensors)

@@ -10,13 +10,11 @@ mode (``module.eval()`` for the trace, its flags restored after), forward only
 
 Policy:
 
-* torch's private capture API sits in this module and ``decompose`` (``torch._functorch``,
-  ``torch._subclasses``, ``torch._export.utils._compiling_state_context``,
-  ``torch._decomp``, a module's ``_parameters`` and ``_buffers`` tables, an
-  overload's ``_schema`` and ``_overloadname``), so a new torch version is
-  adapted here (tested with torch 2.13 and 2.14, see docs/torch_frontend.md).
-  The only other private names the importer reads are on the error path
-  (``locate``: ``TorchDispatchMode``, an overload's ``_schema``).
+* torch's private capture API (``aot_export_module``, fake tensors, the shape env, the
+  export state, the decomposition table) is reached through ``ssaexec.compat`` only,
+  which says what a torch version lacks; what a supported torch version traces
+  differently is normalised after the trace (``normalise``: one program for one module
+  on every supported torch, tests/test_capture_golden.py).
 * The user's module is never changed: its parameters and buffers are swapped for
   fake copies while tracing and always restored; nothing real is computed.
 * Model code sees an export: ``torch.compiler.is_compiling()`` and
@@ -46,11 +44,12 @@ Invariants of a ``Joint``:
 """
 
 import collections.abc
-import contextlib
 import inspect
+import operator
 
 import torch
 
+from ... import compat
 from ...dtypes import DTYPES
 from ...errors import ProgramError
 from .decompose import decompositions
@@ -76,22 +75,8 @@ def strip_wrapped(name):
 
 def export_state():
     """The state a non-strict ``torch.export`` traces in (``is_compiling()`` and
-    ``is_exporting()`` true), as a context manager."""
-    try:
-        from torch._export.utils import _compiling_state_context
-    except ImportError:  # older torch: the flags, set the way that context sets them
-        return _flags_state()
-    return _compiling_state_context()
-
-
-@contextlib.contextmanager
-def _flags_state():
-    old = torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag
-    try:
-        torch.compiler._is_compiling_flag = torch.compiler._is_exporting_flag = True
-        yield
-    finally:
-        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = old
+    ``is_exporting()`` true), as a context manager (``compat.export_state``)."""
+    return compat.export_state()
 
 
 def check_inputs(module, example_inputs, loss_fn, unbatched):
@@ -391,24 +376,18 @@ def _refuse_cumulative_batch_norm(module):
 
 def _export(wrapper, inputs, dims, trace_joint):
     """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
-    from torch._functorch.aot_autograd import aot_export_module
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
-                                                       StatelessSymbolicContext)
-
-    shape_env = ShapeEnv()
-    fake_mode = FakeTensorMode(shape_env=shape_env)
+    aot_export_module = compat.aot_export_module
+    fake_mode = compat.fake_tensor_mode(shape_env=compat.shape_env())
     fakes, first = [], {}
     for name, t in inputs.items():
         named = dims.get(name, {})
         # DYNAMIC, not DUCK: a symbol per dimension, whatever its size; the dimensions of
         # one name are made one symbol below (x's and target's batch)
-        fake = fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.DYNAMIC if d in named else DimDynamic.STATIC
-                           for d in range(t.dim())]))
+        fake = fake_mode.from_tensor(t, symbolic_context=compat.symbolic_context(
+            [d in named for d in range(t.dim())]))
         for d, label in named.items():
             if label in first:
-                torch._check(fake.shape[d] == first[label])  # the shape env unifies them
+                compat.check(fake.shape[d] == first[label])  # the shape env unifies them
             else:
                 first[label] = fake.shape[d]
         fakes.append(fake)
@@ -497,10 +476,41 @@ def _unread(wrapper, fakes, entries, fake_mode):
             if g is None}
 
 
+def normalise(gm):
+    """Make what a supported torch version traces differently the same, in place.
+
+    One module must import as one program on every supported torch
+    (tests/test_capture_golden.py). What differs between the versions' traces, each
+    normalised to what the kernels compute on all of them:
+
+    * ``aten._scaled_dot_product_flash_attention_for_cpu``: torch 2.11's fake kernel
+      says the logsumexp (result 1) is float32 whatever the query's dtype, while the
+      CPU kernel returns it in the query's dtype (torch 2.13 says so too); the
+      declared dtype follows the kernel.
+    """
+    for node in gm.graph.nodes:
+        if op_type(node) == compat.SDPA_CPU:
+            _sdpa_logsumexp_dtype(node)
+
+
+def _sdpa_logsumexp_dtype(node):
+    val = node.meta.get("val")
+    query = node.args[0].meta.get("val") if node.args else None
+    if not isinstance(val, (tuple, list)) or len(val) < 2 or query is None \
+            or val[1] is None or val[1].dtype == query.dtype:
+        return
+    lse = val[1].to(query.dtype)
+    node.meta["val"] = type(val)([val[0], lse, *val[2:]])
+    for user in node.users:
+        if user.target is operator.getitem and user.args[1] == 1:
+            user.meta["val"] = lse
+
+
 def _joint(module, wrapper, gm, sig, inputs, dims):
     """The ``Joint`` parts both captures share, and the graph's nodes by name."""
     import sympy
 
+    normalise(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     joint = Joint()
     joint.gm, joint.wrapper = gm, wrapper

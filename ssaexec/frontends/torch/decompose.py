@@ -26,6 +26,8 @@ Policy:
 
 import torch
 
+from ... import compat
+
 __all__ = ["RENAMES", "ASSERTS", "SYMBOLIC_SAFE", "decompositions"]
 
 # ops the lowering drops or turns into renames (it never emits them): never decomposed
@@ -70,7 +72,7 @@ def _window(x, size, stride, offset):
     """``(x flattened, start, numel)`` when ``as_strided(x, size, stride, offset)`` reads a
     contiguous run of the elements of contiguous ``x`` in order (a reshape of a slice),
     else None."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+    known = compat.statically_known_true
 
     def contiguous(sizes, strides):
         expect = 1
@@ -96,7 +98,7 @@ def _as_strided(x, size, stride, storage_offset=None):
     # where functionalisation replays a layout change (adaptive_avg_pool2d's as_strided_ to
     # channels-last strides of a [n, c, 1, 1] mean: Swin's pooler): a reshape of a slice
     # of a contiguous tensor says the same. Anything else stays as_strided (refused).
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+    known = compat.statically_known_true
     w = _window(x, size, stride, storage_offset)
     if w is None:
         return NotImplemented
@@ -134,11 +136,9 @@ def decompositions():
     if _TABLE is None:
         # the table torch.export's run_decompositions() lowers to core ATen with (torch's
         # plain decomposition_table has refs that emit prims, e.g. where.ScalarOther)
-        from torch._decomp import core_aten_decompositions
-
         from ...ops.policy import is_allowed
         table = {}
-        for op, fn in core_aten_decompositions().items():
+        for op, fn in compat.core_aten_decompositions().items():
             name = getattr(op, "_schema", None)
             if name is None or getattr(op, "namespace", None) != "aten":
                 continue

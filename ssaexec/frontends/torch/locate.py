@@ -109,7 +109,7 @@ def locate(wrapper, inputs, hit, fresh_inputs=True):
     Error path only: runs a copy of the module (so buffers stay untouched)
     under a dispatch mode, with forward hooks tracking the module path.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from ...compat import TorchDispatchMode
 
     module = wrapper.module
     try:
