@@ -459,6 +459,135 @@ def _resized(torch, t, shape):
     return flat.repeat(reps)[:n].reshape(shape).clone()
 
 
+# --- hand-written ops ---------------------------------------------------------------------------
+# Hand-written ops (``ssaexec.ops.registry``: batch_norm, conv2d, lookup_table and their
+# grads ...) call ATen kernels on the program's values too, with secondary inputs (running
+# and saved statistics, gradients, ids) whose shapes a program chooses. Their seeds are the
+# cases of tests/op_cases.py (forward), and for each, its grad op fed the forward's own
+# results and a gradient of each differentiable output. Left out: control and
+# communication ops (they run sub-blocks or talk to peers), ops without tensor inputs
+# (initialisers: their sizes are validation's), and ops that update their inputs in place
+# (optimizers: the oracle's input-write check does not apply).
+HAND_PER_OP = 3
+
+
+def _hand_ops_skipped(od):
+    return od.is_control or od.inplace or not od.inputs or od.type in ("send", "recv")
+
+
+def record_hand_seeds(per_op=HAND_PER_OP):
+    """``{op type: [(ins, attrs, wanted), ...]}``: hand-written ops and their grads."""
+    import torch
+    sys.path.insert(0, str(ROOT / "tests"))
+    import op_cases
+    from ssaexec.ops.registry import get_op_def
+
+    seeds = collections.defaultdict(list)
+    extra = [  # ops op_cases leaves out, or a mode it does not reach
+        ("dropout", {"X": torch.randn(3, 4, dtype=torch.float64)},
+         {"dropout_prob": 0.5, "seed": 7}),
+        ("lookup_table", {"W": torch.randn(10, 4, dtype=torch.float64),
+                          "Ids": torch.tensor([[1, 9], [0, 3]])}, {"is_sparse": True}),
+        ("accuracy", {"X": torch.randn(4, 5), "Label": torch.tensor([[0], [4], [2], [1]])},
+         {"k": 2}),
+        ("argmax", {"X": torch.randn(3, 4)}, {"axis": 1}),
+    ]
+    forward = extra + [(c.type, c.inputs, c.attrs) for c in op_cases.CASES]
+    for k, (op_type, ins, attrs) in enumerate(forward):
+        od = get_op_def(op_type)
+        if _hand_ops_skipped(od) or (k >= len(extra) and len(seeds[op_type]) >= per_op):
+            continue
+        ins = _swap_tensors(torch, dict(ins), lambda t: t.clone())
+        seeds[op_type].append((ins, dict(attrs), None))
+        gdef = get_op_def(op_type + "_grad", missing_ok=True)
+        if gdef is None or (k >= len(extra) and len(seeds[gdef.type]) >= per_op):
+            continue
+        torch.manual_seed(0)
+        outs = od.kernel(_swap_tensors(torch, ins, lambda t: t.clone()), od.full_attrs(attrs))
+        gins = {}
+        for slot in gdef.inputs:
+            name = slot.name
+            if name.endswith("@GRAD"):
+                out = outs.get(name[:-5])
+                if out is None:
+                    continue
+                gins[name] = _swap_tensors(
+                    torch, out, lambda t: torch.randn(t.shape, dtype=t.dtype)
+                    if t.dtype.is_floating_point else t.clone())
+            elif name in ins:
+                gins[name] = ins[name]
+            elif name in outs:
+                gins[name] = _swap_tensors(torch, outs[name], lambda t: t.detach().clone())
+        wanted = {}
+        for slot in gdef.outputs:
+            fwd = ins.get(slot.name[:-5])
+            if isinstance(fwd, torch.Tensor) and fwd.is_floating_point():
+                wanted[slot.name] = [True]
+            elif isinstance(fwd, list):
+                wanted[slot.name] = [x.is_floating_point() for x in fwd]
+        seeds[gdef.type].append((gins, dict(attrs), wanted))
+    return {t: seeds[t] for t in sorted(seeds)}
+
+
+def hand_mutations(torch, od, ins, attrs):
+    """``[(label, fn)]``: each fn maps (ins, attrs) to a mutated copy (one change)."""
+    out = []
+    tensors = [t for v in ins.values() for t in _tensors(torch, v)]
+    edge = max((d for t in tensors for d in t.shape), default=1)
+    first = next((list(t.shape) for t in tensors), [3])
+
+    def slot_setter(name, make, j=None):
+        def fn(i, a):
+            i = dict(i)
+            i[name] = make(i.get(name)) if j is None else _item_setter(j, make)(i[name])
+            return i, a
+        return fn
+
+    def attr_setter(name, make):
+        def fn(i, a):
+            a = dict(a)
+            a[name] = make(a.get(name))
+            return i, a
+        return fn
+
+    for slot in od.inputs:
+        v = ins.get(slot.name)
+        if isinstance(v, torch.Tensor):
+            for label, make in _tensor_mutations(torch, v, edge):
+                out.append((f"{slot.name}:{label}", slot_setter(slot.name, make)))
+        elif isinstance(v, list):
+            for j, x in enumerate(v):
+                for label, make in _tensor_mutations(torch, x, edge):
+                    out.append((f"{slot.name}[{j}]:{label}", slot_setter(slot.name, make, j)))
+        elif slot.optional and not slot.duplicable:
+            # an absent optional input (a layer norm's scale, a saved statistic) given
+            for label, shp in (("given[1]", [1]), ("given[2,2]", [2, 2]),
+                               ("given_like_first", first)):
+                out.append((f"{slot.name}:{label}",
+                            slot_setter(slot.name, _const(torch.randn(shp, dtype=torch.float64)))))
+    full = od.full_attrs(attrs)
+    for name, (atype, _) in od.attrs.items():
+        v = full.get(name)
+        if atype == "bool":
+            out.append((f"{name}:flip", attr_setter(name, lambda x: not x)))
+        elif atype == "int" and isinstance(v, int):
+            for x in dict.fromkeys(_INTS + [v - 1, v + 1, v + edge]):
+                out.append((f"{name}={x}", attr_setter(name, _const(x))))
+        elif atype == "float" and isinstance(v, (int, float)):
+            for x in _FLOATS:
+                out.append((f"{name}={x}", attr_setter(name, _const(x))))
+        elif atype == "ints" and isinstance(v, list):
+            for j, x in enumerate(v):
+                for y in [0, -1, x + 1] + _HUGE:
+                    out.append((f"{name}[{j}]={y}", attr_setter(name, _item_setter(j, _const(y)))))
+            out.append((f"{name}:shorter", attr_setter(name, lambda x: list(x)[:-1])))
+            out.append((f"{name}:longer", attr_setter(name, lambda x: list(x) + [2])))
+            out.append((f"{name}:empty", attr_setter(name, _const([]))))
+        elif atype == "str" and isinstance(v, str):
+            out.append((f"{name}=bogus", attr_setter(name, _const("bogus"))))
+    return out
+
+
 # --- the cases --------------------------------------------------------------------------------
 class Case:
     """One call: an op type, a seed and at most one mutation, and a layout for poisoned views."""
@@ -486,16 +615,14 @@ def build_cases(seeds, torch, sample=None, rounds=1, pairs=0, rng_seed=0, match=
     repeats it all with the layouts shifted, so a long run tries each case under
     every layout. ``match``: keep only cases whose text contains one of these.
     """
-    from ssaexec.ops.schema import resolve_overload
     rng = random.Random(rng_seed)
     cases = []
     for r in range(rounds):
         for op_type, calls in seeds.items():
-            overload = resolve_overload(op_type)
             head, rest = [], []
-            for s, (args, kwargs) in enumerate(calls):
+            for s, call in enumerate(calls):
                 head.append(Case(op_type, s, None, LAYOUTS[(s + r) % 3]))
-                labels = [label for label, _ in mutations(torch, overload, args, kwargs)]
+                labels = [label for label, _ in _mutations_of(torch, op_type, call)]
                 rest += [Case(op_type, s, label, LAYOUTS[(m + s + r) % 3])
                          for m, label in enumerate(labels)]
                 for m in range(pairs if len(labels) > 1 else 0):
@@ -505,6 +632,16 @@ def build_cases(seeds, torch, sample=None, rounds=1, pairs=0, rng_seed=0, match=
                 rest = rng.sample(rest, min(sample, len(rest)))
             cases += [c for c in head + rest if not match or any(m in repr(c) for m in match)]
     return cases
+
+
+def _mutations_of(torch, op_type, call):
+    """The mutations of one seed: an ATen call ``(args, kwargs)`` or a hand-written op's
+    ``(ins, attrs, wanted)``."""
+    if op_type.startswith("aten."):
+        from ssaexec.ops.schema import resolve_overload
+        return mutations(torch, resolve_overload(op_type), *call)
+    from ssaexec.ops.registry import get_op_def
+    return hand_mutations(torch, get_op_def(op_type), call[0], call[1])
 
 
 # --- running one case -------------------------------------------------------------------------
@@ -560,6 +697,8 @@ def _swap_tensors(torch, v, fn):
         return fn(v)
     if isinstance(v, (list, tuple)):
         return type(v)(_swap_tensors(torch, x, fn) for x in v)
+    if isinstance(v, dict):
+        return {k: _swap_tensors(torch, x, fn) for k, x in v.items()}
     return v
 
 
@@ -607,18 +746,28 @@ def encode(torch, overload, args, kwargs):
 
 
 class Runner:
-    """Runs cases in this process (the worker): the seeds, the kernels, the oracle."""
+    """Runs cases in this process (the worker): the seeds, the kernels, the oracle.
 
-    def __init__(self, guarded=True):
+    ``families``: ``aten`` (the allowlisted overloads), ``hand`` (hand-written ops) or
+    both. ``guarded=False`` drives the bare kernels: ATen ops through their raw
+    ``OpOverload``, hand-written ops with every guard of the layer switched off.
+    """
+
+    def __init__(self, guarded=True, families=("aten", "hand")):
         import torch
         from ssaexec.limits import set_limits
         from ssaexec.ops.aten import aten_op_def
         self.torch = torch
         torch.set_num_threads(1)  # reductions in one order: clean and poisoned runs agree
         set_limits(max_tensor_elements=LIMIT)
-        self.seeds = record_seeds()
+        self.seeds = record_seeds() if "aten" in families else {}
+        if "hand" in families:
+            self.seeds.update(record_hand_seeds())
         self.aten_op_def = aten_op_def
         self.guarded = guarded
+        if not guarded:
+            from ssaexec.ops.guards import HandWrittenOverload
+            HandWrittenOverload.__call__ = lambda self, *a, **k: self.overload(*a, **k)
 
     def kernel(self, op_type):
         op_def = self.aten_op_def(op_type)
@@ -632,44 +781,90 @@ class Runner:
 
     def random(self, op_type):
         from ssaexec.ops.schema import resolve_overload
+        if not op_type.startswith("aten."):
+            from ssaexec.ops.registry import get_op_def
+            return get_op_def(op_type).is_random
         return self.torch.Tag.nondeterministic_seeded in resolve_overload(op_type).tags
 
     def call(self, case):
-        """``args, kwargs`` of ``case`` (seed with its mutation applied)."""
-        from ssaexec.ops.schema import resolve_overload
+        """The seed of ``case`` with its mutation applied: ``args, kwargs`` of an ATen call,
+        ``ins, attrs, wanted`` of a hand-written op."""
         torch = self.torch
-        args, kwargs = self.seeds[case.op_type][case.seed]
-        args = _swap_tensors(torch, args, lambda t: t.clone())
-        kwargs = _swap_tensors(torch, kwargs, lambda t: t.clone())
+        call = self.seeds[case.op_type][case.seed]
+        fresh = _swap_tensors(torch, call, lambda t: t.clone())
+        head, tail = fresh[:2], fresh[2:]
         if case.mutation is not None:
-            overload = resolve_overload(case.op_type)
-            found = dict(mutations(torch, overload, args, kwargs))
+            found = dict(_mutations_of(torch, case.op_type, call))
             for label in case.mutation.split(" + "):
-                args, kwargs = found[label](args, kwargs)
-        return args, kwargs
+                head = found[label](*head)
+        return (*head, *tail)
 
     def run(self, case):
         """``(status, detail)``; status ``ok``, ``refused``, ``error``, ``skip`` or ``FAIL:<kind>``."""
-        from ssaexec.errors import ProgramError
-        from ssaexec.ops.schema import resolve_overload
-        torch = self.torch
-        overload = resolve_overload(case.op_type)
         try:
-            args, kwargs = self.call(case)
+            call = self.call(case)
         except Exception as e:  # noqa: BLE001 - two mutations that do not compose
             return "skip", f"mutation does not apply: {type(e).__name__}"
-        encoded = encode(torch, overload, args, kwargs)
-        if encoded is None:
-            return "skip", "not encodable"
-        xs, attrs = encoded
-        kernel = self.kernel(case.op_type)
+        if case.op_type.startswith("aten."):
+            from ssaexec.ops.schema import resolve_overload
+            encoded = encode(self.torch, resolve_overload(case.op_type), *call)
+            if encoded is None:
+                return "skip", "not encodable"
+            xs, attrs = encoded
+            kernel = self.kernel(case.op_type)
+
+            def invoke(inputs):
+                return kernel({"X": inputs}, dict(attrs))["Out"]
+            return self.oracle(case, xs, invoke, attrs, inplace=False)
+        return self._run_hand(case, *call)
+
+    def _run_hand(self, case, ins, attrs, wanted):
+        from ssaexec.ops.registry import get_op_def
+        torch = self.torch
+        od = get_op_def(case.op_type)
+        try:
+            full = od.full_attrs(attrs)
+        except Exception as e:  # noqa: BLE001 - a required attr mutated away
+            return "skip", f"attrs: {type(e).__name__}"
+        # every tensor of ins, in slot order, and where it goes back
+        where, xs = [], []
+        for slot, v in ins.items():
+            for j, t in enumerate(v if isinstance(v, list) else [v]):
+                if isinstance(t, torch.Tensor):
+                    where.append((slot, j if isinstance(v, list) else None))
+                    xs.append(t)
+
+        def invoke(inputs):
+            given = {k: (list(v) if isinstance(v, list) else v) for k, v in ins.items()}
+            for (slot, j), t in zip(where, inputs, strict=True):
+                if j is None:
+                    given[slot] = t
+                else:
+                    given[slot][j] = t
+            outs = od.kernel(given, dict(full), wanted) if od.wants_mask else \
+                od.kernel(given, dict(full))
+            flat = []
+            for s in od.outputs:
+                v = outs.get(s.name)
+                flat.extend(v if isinstance(v, list) else [v])
+            # a sparse gradient compared as the dense table it stands for (made here: an
+            # index past the table writes out of bounds now, where the oracle sees it)
+            return [t.to_dense() if isinstance(t, torch.Tensor) and t.is_sparse else t
+                    for t in flat]
+        return self.oracle(case, xs, invoke, full, inplace=od.inplace)
+
+    def oracle(self, case, xs, invoke, attrs, inplace):
+        """Run ``invoke(inputs) -> [results]`` on clean tensors and poisoned views of ``xs``."""
+        from ssaexec.errors import ProgramError
+        from ssaexec.ops.guards import GuardError
+        torch = self.torch
         originals = [x.clone() for x in xs]
 
         def attempt(inputs):
             torch.manual_seed(0)
             try:
-                return None, kernel({"X": inputs}, dict(attrs))["Out"]
-            except ProgramError as e:
+                return None, invoke(inputs)
+            except (ProgramError, GuardError) as e:
                 return ("refused", str(e)), None
             except MemoryError as e:
                 return ("FAIL:alloc", f"MemoryError {e}"), None
@@ -686,9 +881,9 @@ class Runner:
             runs.append(attempt([v for v, _, _ in views]))
             for k, ((view, buf, mask), orig) in enumerate(zip(views, originals, strict=True)):
                 if not _holds_poison(torch, buf, mask, poison_value(torch, buf.dtype, which)):
-                    return "FAIL:oob-write", f"the poison around input X[{k}] was overwritten"
-                if not _equal(torch, view, orig):
-                    return "FAIL:input-write", f"input X[{k}] was changed"
+                    return "FAIL:oob-write", f"the poison around input {k} was overwritten"
+                if not inplace and not _equal(torch, view, orig):
+                    return "FAIL:input-write", f"input {k} was changed"
         for err, outs in runs:
             if err is not None and err[0].startswith("FAIL"):
                 return err
@@ -803,6 +998,8 @@ def _options(argv):
                    help="only cases whose text contains this (repeatable)")
     p.add_argument("--unguarded", action="store_true",
                    help="drive the bare kernels, without ssaexec.ops.guards")
+    p.add_argument("--family", choices=("all", "aten", "hand"), default="all",
+                   help="allowlisted ATen overloads, hand-written ops, or both (default)")
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -811,7 +1008,8 @@ def worker_main(argv):
     o = _options(argv)
     import faulthandler
     faulthandler.enable()
-    runner = Runner(guarded=not o.unguarded)
+    runner = Runner(guarded=not o.unguarded,
+                    families=("aten", "hand") if o.family == "all" else (o.family,))
     cases = build_cases(runner.seeds, runner.torch, o.sample, o.rounds, o.pairs, o.seed,
                         o.match)
     out = sys.stdout
@@ -857,7 +1055,7 @@ def drive(argv=(), log=None):
     """Run the cases in worker processes, restarting after a crash or hang; a ``Report``.
 
     ``argv``: the options of ``python tests/kernel_fuzz.py`` (``--sample``, ``--rounds``,
-    ``--pairs``, ``--seed``, ``--match``, ``--unguarded``).
+    ``--pairs``, ``--seed``, ``--match``, ``--unguarded``, ``--family``).
     """
     _options(list(argv))  # fail here, not in the worker
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",

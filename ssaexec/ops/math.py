@@ -23,7 +23,7 @@ def _align_y(x, y, axis):
     if axis == -1 or y.dim() == x.dim():
         return y
     trailing = x.dim() - axis - y.dim()
-    if trailing < 0:
+    if axis < 0 or trailing < 0:  # (checked first: a huge axis would make a huge list)
         raise ValueError(f"axis={axis} does not fit X of rank {x.dim()} and Y of rank {y.dim()}")
     return y.reshape(list(y.shape) + [1] * trailing)
 
