@@ -99,9 +99,17 @@ class Checkpoints:
         return os.path.join(self.directory, f"step-{int(step):08d}.safetensors")
 
     def steps(self):
-        """The steps of the complete checkpoints in the folder, oldest first."""
-        found = (_NAME.match(n) for n in os.listdir(self.directory))
-        return sorted(int(m.group(1)) for m in found if m)
+        """The steps of the complete checkpoints in the folder, oldest first: regular
+        files of the checkpoint name pattern (a folder, FIFO or symlink of such a name
+        is not a checkpoint: never loaded, never counted, never deleted)."""
+        return sorted(step for step, regular in self._named() if regular)
+
+    def _named(self):
+        """(step, is a regular file) of every entry named like a checkpoint; the kind is
+        the directory entry's (``lstat``): nothing is opened or followed."""
+        with os.scandir(self.directory) as entries:
+            return [(int(m.group(1)), e.is_file(follow_symlinks=False))
+                    for e in entries for m in [_NAME.match(e.name)] if m]
 
     # --- saving ---------------------------------------------------------------------------
     def maybe_save(self, pe, step, sampler=None):
@@ -183,6 +191,10 @@ class Checkpoints:
                 else:
                     self.log(f"ignoring {path}: named like a save's temporary file, but "
                              "not a file a save makes (left as it is)")
+        for step, regular in sorted(self._named()):
+            if not regular:
+                self.log(f"ignoring {self.path(step)}: named like a checkpoint, but not a "
+                         "regular file (left as it is)")
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
