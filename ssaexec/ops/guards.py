@@ -54,17 +54,17 @@ Invariants:
 Hand-written ops. The kernels of ``ops.nn``, ``ops.math``, ``ops.sparse`` ... call ATen
 overloads too, on the values of whatever program runs them (``batch_norm`` over 8
 channels with 1-element statistics read and wrote past them). They call none directly:
-each takes its callable from ``kernel(op_type)`` once, at import (a module constant, so
-the hot path does no lookup): the overload behind its guard (a ``HandWrittenOverload``)
-when ``TRUSTS`` lists it, else the bare overload, since its kernel checks for itself.
-Some of these overloads are not on the program allowlist (``native_batch_norm`` writes
-the running statistics, of the op's own copies, in place): their guards are marked
-``hand_written`` and ``HAND_WRITTEN`` lists every overload a hand-written op calls. A
-hand-written op's guard raises ``GuardError`` (not a ``ProgramError``): the executor
-reports it as an ``OpError`` of the program's op (``op #3 'batch_norm' on cpu:0``), and
-validation, which runs the same kernels on meta tensors, as a ``ProgramError`` at that
-op. Hand-written ops run guarded for every program: the ones ``from_torch`` builds
-(``trusted``) hold no hand-written op that calls a guarded overload, so nothing is lost.
+each takes its callable from ``guards_hand.kernel(op_type)`` once, at import (a module
+constant, so the hot path does no lookup): the overload behind its guard (a
+``HandWrittenOverload``) when ``TRUSTS`` lists it, else the bare overload, since its
+kernel checks for itself. Some of these overloads are not on the program allowlist
+(``native_batch_norm`` writes the running statistics, of the op's own copies, in
+place): their guards are marked ``hand_written`` (``HAND_WRITTEN_ONLY``). A hand-written
+op's guard raises ``GuardError`` (not a ``ProgramError``): the executor reports it as an
+``OpError`` of the program's op (``op #3 'batch_norm' on cpu:0``), and validation, which
+runs the same kernels on meta tensors, as a ``ProgramError`` at that op. Hand-written
+ops run guarded for every program: the ones ``from_torch`` builds (``trusted``) hold no
+hand-written op that calls a guarded overload, so nothing is lost.
 ``tests/test_handwritten_guards.py`` checks that no module outside this layer, the ATen
 resolution and the torch frontend's capture names ``torch.ops``.
 
@@ -77,7 +77,9 @@ the shapes convolutions make), ``guards_value`` (values that index host memory) 
 ``guards_size`` (what a kernel allocates). They import this module, never the other
 way (no cycle): ``ssaexec/ops/__init__.py`` imports them, in that order, which
 Python runs before any ``ssaexec.ops.<module>``, so every guard is registered
-before ``guarded`` is first called. The index checks' host read stays here
+before ``guarded`` is first called. ``guards_hand`` hands hand-written ops their
+kernels; it imports every family itself, since the kernel modules that call it are
+imported before the families (and it after them). The index checks' host read stays here
 (``_host_range``), where docs/security.md and the host-sync allowlist name it.
 """
 
@@ -89,10 +91,9 @@ import torch
 
 from ..errors import ProgramError
 from ..limits import get_limit, numel_problem
-from .schema import resolve_overload
 
-__all__ = ["TRUSTS", "TRACED", "HAND_WRITTEN", "GuardError", "GuardedOverload",
-           "HandWrittenOverload", "guarded", "kernel"]
+__all__ = ["TRUSTS", "TRACED", "HAND_WRITTEN_ONLY", "GuardError", "GuardedOverload",
+           "HandWrittenOverload", "guarded"]
 
 # Set while a segment is traced for a compiler (runtime.inductor), to a context manager
 # under which torch calls are not traced: a check that reads values on the host would
@@ -108,15 +109,13 @@ TRUSTS = {}
 _CHECKS = {}   # op type -> (check function, dense)
 # guarded overloads that only hand-written ops call (a program may not name them)
 HAND_WRITTEN_ONLY = set()
-# op type -> the callable hand-written ops call for it (``kernel``)
-HAND_WRITTEN = {}
 
 
 def _guard(*op_types, trusts, note, dense=False, hand_written=False):
     """Register ``fn(op, <schema argument names>...)`` as the guard of ``op_types``.
 
     ``hand_written``: the overloads are not on the program allowlist; only hand-written
-    ops call them (through ``kernel``).
+    ops call them (through ``guards_hand.kernel``).
 
     ``dense``: the kernel ignores strides, so every tensor argument is made
     contiguous before the check and the call; ``"rows"``: the kernel reads outer
@@ -199,26 +198,6 @@ def guarded(op_type, overload):
     if hit is None:
         return overload
     return GuardedOverload(op_type, overload, *hit)
-
-
-def kernel(op_type):
-    """What a hand-written op calls for ATen overload ``op_type`` (``"aten.<name>.<overload>"``).
-
-    Call it once, at import, and keep the result: the overload behind its guard (a
-    ``HandWrittenOverload``) when ``TRUSTS`` lists it, else the bare ``OpOverload``.
-    """
-    hit = HAND_WRITTEN.get(op_type)
-    if hit is not None:
-        return hit
-    # the guard families register on import; ops/__init__ imports them after the kernel
-    # modules that call this, so import them here (they import this module: no cycle)
-    from . import guards_index, guards_shape, guards_size, guards_value  # noqa: F401
-    overload = resolve_overload(op_type)
-    if overload is None:
-        raise LookupError(f"no ATen overload {op_type!r}")
-    check = _CHECKS.get(op_type)
-    hit = overload if check is None else HandWrittenOverload(op_type, overload, *check)
-    return HAND_WRITTEN.setdefault(op_type, hit)
 
 
 def _default(arg):

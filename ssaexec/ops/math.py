@@ -8,11 +8,11 @@ starting at ``axis``. Gradients reduce back to each operand's shape.
 import torch
 import torch.nn.functional as F
 
-from .guards import kernel
+from .guards_hand import kernel
 from .registry import get_op_def, register_grad, register_op
 
 # checks its arguments (a broadcasting kernel), but hand-written ops take every ATen
-# overload they call from the guard layer (ssaexec.ops.guards.kernel), which decides
+# overload they call from the guard layer (ssaexec.ops.guards_hand.kernel), which decides
 _THRESHOLD_BACKWARD = kernel("aten.threshold_backward.default")
 
 _F = "float"

@@ -9,7 +9,7 @@ the unbiased batch variance, as torch does.
 Kernel calls (docs/security.md). The values are the program's: a file may give
 ``batch_norm`` 1-element statistics over 8 channels, ``conv2d_grad`` a gradient of
 another batch size, ``lookup_table`` ids past the table. The kernels that trust such
-values are called through the guard layer (``ssaexec.ops.guards.kernel``, resolved
+values are called through the guard layer (``ssaexec.ops.guards_hand.kernel``, resolved
 once, below): ``native_batch_norm`` (statistics, one per channel; training writes
 them), its backward (saved statistics and gradient), ``convolution`` (the size its
 padding makes) and its backward (the gradient's shape), ``embedding`` (ids, off the
@@ -21,7 +21,7 @@ kernel fuzzer (``tests/kernel_fuzz.py``) drives all of these ops with hostile in
 import torch
 import torch.nn.functional as F
 
-from .guards import kernel
+from .guards_hand import kernel
 from .registry import register_grad, register_op
 
 _CONVOLUTION = kernel("aten.convolution.default")
