@@ -121,7 +121,8 @@ def test_a_compression_bomb_is_refused_before_its_data_is_decompressed(tmp_path,
 def test_unsupported_dtypes_and_shapes_are_refused_naming_file_and_member(tmp_path, program,
                                                                           array, what):
     path = _npz(tmp_path / "bad.npz", [("x.npy", _npy(array))])
-    with pytest.raises(FeedError, match=re.escape(str(path)) + r": member 'x.npy': " + f".*{what}"):
+    where = re.escape(str(path)) + r": member 'x.npy': "
+    with pytest.raises(FeedError, match=f"{where}.*{what}"):
         read_feed_file(path, program)
 
 

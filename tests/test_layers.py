@@ -2,7 +2,7 @@
 
 The layers, bottom to top (docs/architecture.md draws them):
 
-    ground     errors, dtypes, place, limits, strategy, faults, compat
+    ground     errors, dtypes, place, limits, strategy, faults, compat, safe_files
                (import nothing of ours but errors)
     ops        the op registry (a leaf), schemas, the policy, the kernels
     program    ProgramDesc, its codecs and checks, the builder, backward, optimizers
@@ -10,8 +10,8 @@ The layers, bottom to top (docs/architecture.md draws them):
     runtime    scopes, prepared calls, the compiled runner, collectives, the scheduler,
                the host-sync detector (a leaf: nothing in the package imports it)
     executors  Executor, ParallelExecutor, feed policy, data loading, distributed
-    tools      frontends, cli, bench, trace, models, synthetic data, demo, progress, and
-               the package's public surface (ssaexec/__init__.py, __main__.py)
+    tools      frontends, cli, bench, trace, models, synthetic data, feed files, demo, progress,
+               and the package's public surface (ssaexec/__init__.py, __main__.py)
 
 A module may import from its own layer or any layer below. Every import counts:
 ``import``/``from ... import`` at module level and inside functions (deferred imports
@@ -55,6 +55,7 @@ PLACEMENT = {
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.trace": "tools", "ssaexec.sim": "tools",
     "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",
+    "ssaexec.feed_file": "tools",
     "ssaexec.progress": "tools",
     "ssaexec": "tools",
 }
