@@ -19,6 +19,11 @@ limit                      default      bounds
 ``max_block_depth``        64           nesting of blocks: a block's parent chain
                                         (block 0 is at depth 0, its sub-blocks at 1)
 ``max_places``             64           places of one ``parallel_do`` op (a thread each)
+``max_rank``               64           dimensions of one tensor: a declared var shape,
+                                        a PIR value type, an inferred output, and every
+                                        attribute that lists one entry per dimension
+                                        (``shape``, ``axes``, ``strides`` ...: see
+                                        ``ssaexec.program.bounds``)
 =========================  ===========  ============================================
 
 Raise one for a process with the environment variable ``SSAEXEC_<NAME>``
@@ -33,13 +38,16 @@ result is checked when it is stored (``check_result``), so no value over the
 limit ever reaches the next op. ``max_block_depth`` keeps every recursive walk
 over blocks (validation, graph building, running sub-blocks) far from Python's
 recursion limit: the readers and ``validate_program`` refuse deeper programs.
+``max_rank`` keeps shape inference linear in the file: torch's elementwise meta
+kernels take time cubic in the rank (a rank-2000 var cost 240 s to validate), so
+every shape is refused above it where it is read, before any kernel sees it.
 """
 
 import contextlib
 import os
 
 __all__ = ["DEFAULTS", "get_limit", "set_limits", "limits", "shape_problem", "numel_problem",
-           "depth_problem", "check_result"]
+           "depth_problem", "rank_problem", "check_result"]
 
 DEFAULTS = {
     "max_tensor_elements": 2 ** 31,
@@ -49,6 +57,7 @@ DEFAULTS = {
     "max_expr_chars": 1000,
     "max_block_depth": 64,
     "max_places": 64,
+    "max_rank": 64,
 }
 
 
@@ -133,6 +142,14 @@ def depth_problem(depth, what):
             f"({_hint('max_block_depth')})")
 
 
+def rank_problem(rank, what):
+    """A message when ``what`` has ``rank`` dimensions, more than ``max_rank``, else None."""
+    if rank <= _LIMITS["max_rank"]:
+        return None
+    return (f"{what} has {rank} dimensions, more than a tensor may have "
+            f"({_hint('max_rank')})")
+
+
 def check_result(t, name, label):
     """``t`` when it fits ``max_tensor_elements``; ``ProgramError`` naming var ``name`` if not.
 
@@ -155,10 +172,13 @@ def shape_problem(shape, what="the shape"):
     A declared shape is a list of dims, each -1 (any size: the batch) or >= 0;
     its element count, with -1 and 0 counted as 1, must not exceed
     ``max_tensor_elements``. An empty shape is bounded too: torch computes its
-    strides from the other dims, and ``[0, 2**62, 2**62]`` overflows them.
+    strides from the other dims, and ``[0, 2**62, 2**62]`` overflows them. Its
+    length must not exceed ``max_rank`` (checked first: O(1) however long it is).
     """
     if shape is None:
         return None
+    if len(shape) > _LIMITS["max_rank"]:
+        return rank_problem(len(shape), f"{what} {_short(shape)}")
     for d in shape:
         if d < -1:
             return f"{what} {_short(shape)} has dimension {_short_int(d)}; dims are -1 (any " \

@@ -53,7 +53,7 @@ import json
 import re
 from importlib import resources
 
-from ..errors import SSAExecError
+from ..errors import ProgramError, SSAExecError
 from .analysis import critical_path, op_levels
 from .ssa import ComputationOpHandle
 
@@ -294,14 +294,28 @@ def explorer_data(graph, trace=None, title=None, source=None):
 # --- traces ----------------------------------------------------------------------------------
 
 def load_trace(path):
-    """Read a Chrome-trace JSON file (``SSAExecError`` naming the file when it is not one)."""
+    """Read a Chrome-trace JSON file (``SSAExecError`` naming the file when it is not one).
+
+    A trace file is untrusted data like a program: it is read with the program
+    reader's bounded JSON scan (``program.json_scan``: nesting within ``max_nesting``
+    measured before parsing, no ``NaN``/``Infinity``, no overlong integers), so a
+    hostile trace is a ``ProgramError`` naming ``FILE:LINE:COL``, never a crash.
+    """
+    from ..program.json_scan import Malformed, check_values, decode_bounded, format_path, locate
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            text = f.read()
     except OSError as e:
         raise SSAExecError(f"{path}: cannot read trace: {e.strerror or e}") from None
-    except ValueError as e:
+    except ValueError as e:  # not UTF-8
         raise SSAExecError(f"{path}: not a JSON trace: {e}") from None
+    doc = decode_bounded(text, str(path))
+    try:
+        check_values(doc, [])
+    except Malformed as e:
+        line, col = locate(text, e.path)
+        raise ProgramError(f"{path}:{line}:{col}: {format_path(e.path)}: {e.message}") \
+            from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise SSAExecError(f"{path}: not a Chrome trace (no 'traceEvents' list); write one "
                            "with 'ssaexec trace'")

@@ -20,7 +20,8 @@ Policy and invariants:
   ``NaN``/``Infinity`` literals, numbers that overflow a float (``1e999``),
   blocks nested deeper than ``max_block_depth``, duplicate keys and strings holding unpaired
   surrogates are errors with their position; so are declared shapes above
-  ``max_tensor_elements`` and ops the operator policy refuses
+  ``max_tensor_elements`` or ``max_rank``, per-dimension attribute lists longer than
+  ``max_rank`` allows (``ssaexec.program.bounds``) and ops the operator policy refuses
   (``ssaexec.ops.policy``), before anything else looks at the program.
 """
 
@@ -30,6 +31,7 @@ import math
 from ..errors import ProgramError
 from ..limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
+from .bounds import rank_attr_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
 from .json_scan import (Malformed, check_values, decode_bounded, expect, expect_object,
                         format_path, is_int, locate, set_op_positions, short, type_name)
@@ -198,7 +200,8 @@ def _decode_op(od, path):
     outputs = _decode_slots(od["outputs"], path + ["outputs"])
     expect(isinstance(od["attrs"], dict), path + ["attrs"], "an object", od["attrs"])
     attrs = {k: _decode_attr(v, path + ["attrs", k]) for k, v in od["attrs"].items()}
-    bad = op_problem(od["type"], attrs, inputs)  # the operator policy, at load time
+    # the operator policy and the rank of per-dimension lists (program.bounds), at load time
+    bad = op_problem(od["type"], attrs, inputs) or rank_attr_problem(attrs)
     if bad is not None:
         where, message = bad
         raise Malformed(path + (["type"] if where is None else ["attrs", where]), message)

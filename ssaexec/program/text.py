@@ -59,6 +59,7 @@ import re
 from ..errors import ProgramError
 from ..limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
+from .bounds import rank_attr_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc
 from .json_write import VERSION
 from .text_write import MAGIC, VAR_FLAGS, WORD, program_to_text
@@ -405,7 +406,8 @@ class _Parser:
                 attr_toks.setdefault(key, tok)
                 return tok, key, self.value()
             attrs = self._unique(self.comma_list("}", attr, "an attribute"), "attribute")
-        bad = op_problem(op_type, attrs, inputs)  # the operator policy, at load time
+        # the operator policy and the rank of per-dimension lists (program.bounds), at load time
+        bad = op_problem(op_type, attrs, inputs) or rank_attr_problem(attrs)
         if bad is not None:
             self.fail(attr_toks.get(bad[0], type_tok), bad[1])
         role = "forward"

@@ -50,6 +50,7 @@ from ..errors import ProgramError
 from ..limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
 from ..ops.registry import EMPTY_VAR, REQUIRED, check_attr, get_op_def, infer_outputs
+from .bounds import count_problem, rank_attr_problem
 from .elements import GRAD_SUFFIX
 
 __all__ = ["validate_program"]
@@ -276,7 +277,7 @@ class _Validator:
             if problem:
                 raise ProgramError(f"{where}: {problem}; hint: see the attrs of "
                                    f"get_op_def({op.type!r})")
-        bad = op_problem(op.type, op.attrs, op.inputs)
+        bad = op_problem(op.type, op.attrs, op.inputs) or rank_attr_problem(op.attrs)
         if bad is not None:
             raise ProgramError(f"{where}: {bad[1]}")
         for name, (kind, default) in op_def.attrs.items():
@@ -346,6 +347,12 @@ class _Validator:
                 return  # an absent entry in a slot: nothing sound to infer from
             if names:
                 in_specs[slot] = [(v.shape, v.dtype) for v in (self._var(own, n) for n in names)]
+        # a count attribute bounds the results before any kernel makes them (program.bounds)
+        problem = count_problem(op.type, op.attrs,
+                                {s: [sh for sh, _ in specs] for s, specs in in_specs.items()},
+                                op.outputs)
+        if problem:
+            raise ProgramError(f"{where}: {problem}")
         # inference depends on the type, the attrs, the input specs and which outputs are
         # wanted, nothing else: a program repeats the same few (its layers), and a meta
         # kernel run costs ~100 us, so each distinct one runs once per validation

@@ -25,6 +25,15 @@ file says about feeding and fetching. The order of work, and its policy:
    ``fill_constant`` ops that write them) are declared ``[]``, so shapes agree.
 6. ``program.validate()``: the operator policy and every static check apply.
 
+Malformed ops are located errors: a mapping refuses what it cannot honour with
+``Unsupported``, and any other Python error a malformed op provokes in its mapping
+(``ValueError``, ``TypeError``, ``ZeroDivisionError`` ...) is caught around that
+op and reported as a ``ProgramError`` naming it, never an internal error. Before
+step 5 runs shape inference, each op's per-dimension lists and count attributes
+are bounded (``ssaexec.program.bounds``); an op over a bound is left to
+validation, which reports it. Every step is linear in the program: the
+gradient writers and forward records are indexed once, not searched per pair.
+
 Only block 0 is converted: the ops that own sub-blocks (``while``,
 ``conditional_block``) are not mapped, so a program that needs a sub-block has an
 unmapped op and fails in step 1.
@@ -32,12 +41,16 @@ unmapped op and fails in step 1.
 
 from ...errors import ProgramError
 from ...ops.registry import EMPTY_VAR, get_op_def, infer_outputs
+from ...program.bounds import count_problem, rank_attr_problem
 from ...program.desc import GRAD_SUFFIX, Program, VarDesc
 from .ops import MAPPINGS, Unsupported, grad_forward_type
 from .reader import (FEED_MINIBATCH, FETCH_LIST, ROLE_BACKWARD, ROLE_LOSS, ROLE_LRSCHED,
                      ROLE_OPTIMIZE, var_type_name)
 
 __all__ = ["Converted", "convert_program", "unsupported_ops"]
+
+# Python errors a mapping may raise on a malformed op that no check foresaw
+_MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError)
 
 
 class Converted:
@@ -89,6 +102,9 @@ class Converter:
         self.pblock = paddle_program.blocks[0]
         self.op = None
         self.forwards = []
+        # (forward type, slot, names) and (forward type, None, output name) -> positions in
+        # ``forwards``: a grad op's candidates are looked up, not searched (``forward``)
+        self._forward_index = {}
         self.feeds, self.fetches = [], []
         self.pairs = []
         self._tmp = 0
@@ -130,7 +146,15 @@ class Converter:
 
     def record(self, paddle_op, ours, ins, outs):
         """Remember a forward op's mapping, for its grad op (``forward``)."""
+        pos = len(self.forwards)
         self.forwards.append(_Forward(paddle_op, ours, dict(ins), dict(outs)))
+        index, f = self._forward_index, paddle_op
+        for slot in {**f.outputs, **f.inputs}:
+            key = (f.type, slot, tuple(f.inputs.get(slot) or f.outputs.get(slot) or ()))
+            index.setdefault(key, []).append(pos)
+        for names in f.outputs.values():
+            for name in names:
+                index.setdefault((f.type, None, name), []).append(pos)
 
     def forward(self, grad_op):
         """The ``_Forward`` record of the forward op that ``grad_op`` differentiates.
@@ -141,25 +165,30 @@ class Converter:
         forward op (``Out@GRAD``) decides. The latest candidate wins.
         """
         ftype = grad_forward_type(grad_op.type)
-        best = None
-        for rec in self.forwards:
+        # every forward op that can match shares a slot's names with the grad op, or has
+        # an output whose gradient the grad op reads: gather those, then apply the rule
+        index, candidates = self._forward_index, set()
+        for slot, names in grad_op.inputs.items():
+            candidates.update(index.get((ftype, slot, tuple(names)), ()))
+            if slot.endswith(GRAD_SUFFIX):
+                for n in names:
+                    candidates.update(index.get((ftype, None, n.split(GRAD_SUFFIX)[0]), ()))
+        # the latest match wins: look from the newest (Paddle's backward runs in reverse,
+        # so the match is usually the first candidate looked at)
+        grads = {n.split(GRAD_SUFFIX)[0] for s, ns in grad_op.inputs.items()
+                 if s.endswith(GRAD_SUFFIX) for n in ns}
+        for pos in sorted(candidates, reverse=True):
+            rec = self.forwards[pos]
             f = rec.paddle
-            if f.type != ftype:
-                continue
             shared = [s for s in grad_op.inputs if s in f.inputs or s in f.outputs]
             if shared:
                 if all(grad_op.inputs[s] == (f.inputs.get(s) or f.outputs.get(s))
                        for s in shared):
-                    best = rec
-                continue
-            grads = {n.split(GRAD_SUFFIX)[0] for s, ns in grad_op.inputs.items()
-                     if s.endswith(GRAD_SUFFIX) for n in ns}
-            if grads & {n for ns in f.outputs.values() for n in ns}:
-                best = rec
-        if best is None:
-            raise Unsupported(grad_op, f"no {ftype!r} op before it computes the values it "
-                                       "differentiates")
-        return best
+                    return rec
+            elif grads & {n for ns in f.outputs.values() for n in ns}:
+                return rec
+        raise Unsupported(grad_op, f"no {ftype!r} op before it computes the values it "
+                                   "differentiates")
 
     def feed(self, name, col):
         self.feeds.append((col, name))
@@ -208,15 +237,18 @@ class Converter:
             if op.role & ROLE_BACKWARD and isinstance(value, list) and len(value) % 2 == 0 \
                     and all(isinstance(v, str) for v in value):
                 pairs.extend(zip(value[0::2], value[1::2], strict=True))
+        # the last backward op writing each var, indexed once (not searched per pair)
+        writers = {}
+        for op in self.block.ops:
+            if op.role == "backward":
+                for name in op.output_names():
+                    writers[name] = op
         done = set()
         for param, grad in pairs:
             if (param, grad) in done:
                 continue
             done.add((param, grad))
-            writer = None
-            for op in self.block.ops:
-                if op.role == "backward" and grad in op.output_names():
-                    writer = op
+            writer = writers.get(grad)
             if writer is not None and (param, grad) not in writer.role_var:
                 self.block.add_role_var(writer, param, grad)
 
@@ -234,6 +266,11 @@ class Converter:
                     break
                 specs[slot] = [(v.shape, v.dtype) for v in vs]
             else:
+                # no inference beyond the bounds; validation reports the op that breaks one
+                if rank_attr_problem(op.attrs) or count_problem(
+                        op.type, op.attrs, {k: [sh for sh, _ in v] for k, v in specs.items()},
+                        op.outputs):
+                    continue
                 try:
                     out = infer_outputs(op_def, op, specs) or {}
                 except Exception:  # noqa: BLE001 - validation reports it properly below
@@ -269,14 +306,15 @@ class Converter:
         if marked:
             return marked
         # a bare serialized program: what is read before any op writes it
-        written, out = set(), []
+        written, out, seen = set(), [], set()
         for op in self.block.ops:
             for n in op.input_names():
                 var = self.block.find_var(n)
                 if var is not None and n not in written and not var.persistable and \
-                        not n.endswith(GRAD_SUFFIX) and n not in out:
+                        not n.endswith(GRAD_SUFFIX) and n not in seen:
                     self.block.update_var(n, is_data=True)
                     out.append(n)
+                    seen.add(n)
             written.update(op.output_names())
         return out
 
@@ -304,6 +342,11 @@ class Converter:
                 self.fail(e.op, str(e))
             except ProgramError as e:
                 self.fail(op, str(e))
+            except _MALFORMED as e:  # a malformed op no check foresaw: located
+                detail = str(e).splitlines()[0][:200] if str(e) else ""
+                self.fail(op, f"malformed op ({type(e).__name__}"
+                              f"{': ' + detail if detail else ''}); docs/paddle.md lists "
+                              "what each op takes")
         self.op = None
         self._role_vars()
         self._zero_dim()

@@ -19,6 +19,8 @@ def _paddings(op, spatial, ksize, strides, dilations, global_pool=False):
         require(op, spatial is not None and all(d > 0 for d in spatial),
                 "padding_algorithm='SAME' needs the input's height and width declared")
         out = []
+        require(op, len(spatial) == len(ksize) == len(strides) == 2 and min(strides) > 0,
+                f"padding_algorithm='SAME' needs 2 positive strides, got {strides[:8]}")
         for size, k, s in zip(spatial, ksize, strides, strict=True):
             total = max((-(-size // s) - 1) * s + k - size, 0)
             require(op, total % 2 == 0, "padding_algorithm='SAME' with uneven padding "
@@ -34,10 +36,12 @@ def _paddings(op, spatial, ksize, strides, dilations, global_pool=False):
     return pads, dilations
 
 
-def _pair(op, name, default):
+def _pair(op, name, default, positive=False):
     v = a_ints(op, name, default)
     v = v * 2 if len(v) == 1 else v
-    require(op, len(v) == 2, f"{name}={v} must have 2 entries (2-D op)")
+    require(op, len(v) == 2, f"{name}={v[:8]} must have 2 entries (2-D op)")
+    # a zero stride would divide by zero in the SAME padding below, and in the kernel
+    require(op, not positive or min(v) > 0, f"{name}={v} must be positive")
     return v
 
 
@@ -45,7 +49,9 @@ def _conv_attrs(ctx, op):
     _data_format(op)
     x, w = _one(op, "Input"), _one(op, "Filter")
     xs, ws = ctx.shape(x), ctx.shape(w)
-    strides, dilations = _pair(op, "strides", [1, 1]), _pair(op, "dilations", [1, 1])
+    strides = _pair(op, "strides", [1, 1], positive=True)
+    dilations = _pair(op, "dilations", [1, 1], positive=True)
+    require(op, a_int(op, "groups", 1) > 0, f"groups={a_int(op, 'groups', 1)} must be positive")
     ksize = ws[2:] if ws is not None and len(ws) == 4 else None
     spatial = xs[2:] if xs is not None and len(xs) == 4 else None
     if a_str(op, "padding_algorithm", "EXPLICIT") == "SAME":
@@ -78,8 +84,8 @@ class _Pool(Simple):
         _data_format(op)
         kind = a_str(op, "pooling_type", "max")
         require(op, kind in ("max", "avg"), f"pooling_type={kind!r} is not supported")
-        ksize = _pair(op, "ksize", [2, 2])
-        strides = _pair(op, "strides", [1, 1])
+        ksize = _pair(op, "ksize", [2, 2], positive=True)
+        strides = _pair(op, "strides", [1, 1], positive=True)
         global_pool = a_bool(op, "global_pooling", False)
         if a_bool(op, "adaptive", False):
             require(op, ksize == [1, 1], "adaptive pooling to an output other than 1x1 is not "

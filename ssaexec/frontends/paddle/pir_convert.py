@@ -27,13 +27,64 @@ Policy and invariants:
 * In-place ops (``pd_op.relu_``) are their out-of-place selves: SSA gives their
   result a new value. ``batch_norm``'s running-statistics results alias its
   running-statistics inputs, as in the legacy program.
+* **Malformed ops are located errors.** Translators read attributes through
+  ``_Ctx.attr`` (a named type: ``int``, ``float``, ``bool``, ``str``, ``ints``),
+  results through ``_Ctx.result`` and operands through ``_Ctx.var``/``value``, each
+  failing with a ``ProgramError`` that says what is wrong. Whatever slips past
+  those (a Python ``ValueError``, ``TypeError`` ...) is caught around each op's
+  translation and becomes a ``ProgramError`` naming the op and its JSON path, so a
+  malformed file never ends in an internal error. Each legacy op emitted carries
+  its PIR op (``_PirOp.where``), so what the legacy mapping refuses names it too.
 """
 
 from ...errors import ProgramError
+from ...program.json_scan import format_path
 from .reader import (DTYPE_CODES, FEED_MINIBATCH, FETCH_LIST, LOD_TENSOR, PaddleBlock,
                      PaddleOp, PaddleProgram, PaddleVar)
 
 __all__ = ["PIR_OPS", "to_legacy", "unsupported_pir_ops", "pir_table"]
+
+_REQUIRED = object()
+# Python errors a translator may raise on a malformed op that no check foresaw
+_MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# attribute kind -> (test, conversion, description)
+_KINDS = {
+    "int": (_is_int, int, "an integer"),
+    "float": (_is_number, float, "a number"),
+    "bool": (lambda v: isinstance(v, bool) or v in (0, 1) and _is_int(v), bool, "a boolean"),
+    "str": (lambda v: isinstance(v, str), str, "a string"),
+    "ints": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), list,
+             "a list of integers"),
+}
+
+
+class _PirOp(PaddleOp):
+    """A legacy op emitted for a PIR op: errors about it name the PIR op."""
+
+    __slots__ = ("origin",)
+
+    def __init__(self, origin, *args):
+        super().__init__(*args)
+        self.origin = origin
+
+    @property
+    def where(self):
+        return f"{self.origin.where} (as legacy {self.type!r})"
+
+
+def _short(v):
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Ctx:
@@ -55,6 +106,34 @@ class _Ctx:
     def fail(self, message):
         op = self.op
         raise ProgramError(f"{self.pir.source}: op {op.index} ({op.name}): {message}")
+
+    def attr(self, name, kind, default=_REQUIRED):
+        """Attribute ``name`` of the current op as ``kind`` (``_KINDS``); ``default`` when
+        absent; a ``ProgramError`` naming it when absent and required or of another type."""
+        attrs = self.op.attrs
+        if name not in attrs:
+            if default is _REQUIRED:
+                self.fail(f"attribute {name!r} is missing")
+            return default
+        test, convert, what = _KINDS[kind]
+        value = attrs[name]
+        if not test(value):
+            self.fail(f"attribute {name!r} must be {what}, got {type(value).__name__} "
+                      f"{_short(value)}")
+        return convert(value)
+
+    def result(self, k=0):
+        """Result ``k`` of the current op; a ``ProgramError`` when the op has fewer."""
+        results = self.op.results
+        if k >= len(results):
+            self.fail(f"result {k} is missing (the op has {len(results)} results)")
+        return results[k]
+
+    def value(self, vid, what="the input"):
+        """The ``PirValue`` of operand ``vid`` (the reader checked that it exists)."""
+        if vid is None:
+            self.fail(f"{what} is missing (a null or absent operand)")
+        return self.pir.values[vid]
 
     # --- vars -----------------------------------------------------------------------------
     def declare(self, value, name, persistable=False, is_parameter=False, feed=False,
@@ -116,9 +195,16 @@ class _Ctx:
     def ints(self, vid, what):
         c = self.const(vid, what)
         c = c if isinstance(c, list) else [c]
-        if any(isinstance(x, float) and not x.is_integer() for x in c):
-            self.fail(f"{what} must be integers, got {c}")
+        if any(not _is_number(x) or isinstance(x, float) and not x.is_integer() for x in c):
+            self.fail(f"{what} must be integers, got {_short(c)}")
         return [int(x) for x in c]
+
+    def int1(self, vid, what):
+        """One integer from constant operand ``vid`` (a scalar or a one-entry list)."""
+        c = self.ints(vid, what)
+        if len(c) != 1:
+            self.fail(f"{what} must be one integer, got {_short(c)}")
+        return c[0]
 
     def vec(self, vid, what):
         if vid not in self.vecs:
@@ -138,9 +224,9 @@ class _Ctx:
 
     # --- ops ------------------------------------------------------------------------------
     def emit(self, type, inputs, outputs, attrs=None):
-        op = PaddleOp(type, {k: list(v) for k, v in inputs.items()},
-                      {k: list(v) for k, v in outputs.items()}, dict(attrs or {}), 0,
-                      len(self.block.ops))
+        op = _PirOp(self.op, type, {k: list(v) for k, v in inputs.items()},
+                    {k: list(v) for k, v in outputs.items()}, dict(attrs or {}), 0,
+                    len(self.block.ops))
         self.block.ops.append(op)
         return op
 
@@ -160,7 +246,7 @@ def _simple(legacy, ins, outs, attrs=None):
             vid = _operand(op, k)
             if slot is not None and vid is not None:
                 inputs[slot] = [ctx.var(vid)]
-        outputs = {slot: [ctx.out(op.results[k])] for k, slot in enumerate(outs)
+        outputs = {slot: [ctx.out(ctx.result(k))] for k, slot in enumerate(outs)
                    if slot is not None and k < len(op.results)}
         ctx.emit(legacy, inputs, outputs, attrs(ctx, op) if attrs else {})
     return translate
@@ -180,45 +266,45 @@ def _pick(*names, **renames):
 
 
 def _data(ctx, op):
-    name = op.attrs.get("name")
-    if not isinstance(name, str) or not name:
+    name = ctx.attr("name", "str", "")
+    if not name:
         ctx.fail("the data op has no name")
-    ctx.declare(op.results[0], name, feed=True, stop_gradient=True)
+    ctx.declare(ctx.result(0), name, feed=True, stop_gradient=True)
     ctx.emit("feed", {"X": ["feed"]}, {"Out": [name]}, {"col": ctx.feeds})
     ctx.feeds += 1
 
 
 def _fetch(ctx, op):
-    col = op.attrs.get("col", 0)
+    col = ctx.attr("col", "int", 0)
     ctx.emit("fetch", {"X": [ctx.var(_operand(op, 0))]}, {"Out": ["fetch"]}, {"col": col})
 
 
 def _parameter(ctx, op):
     flags = op.result_attrs
-    ctx.declare(op.results[0], op.attrs["name"], persistable=flags.get("persistable", True),
+    ctx.declare(ctx.result(0), op.attrs["name"], persistable=flags.get("persistable", True),
                 is_parameter=op.attrs.get("is_parameter", True),
                 stop_gradient=flags.get("stop_gradient", False))
 
 
 def _full_int_array(ctx, op):
     value = op.attrs.get("value")
-    if not isinstance(value, list):
-        ctx.fail("full_int_array has no value list")
-    ctx.consts[op.results[0].id] = value
+    if not isinstance(value, list) or not all(_is_number(x) for x in value):
+        ctx.fail(f"full_int_array's value must be a list of numbers, got {_short(value)}")
+    ctx.consts[ctx.result(0).id] = value
 
 
 def _full(ctx, op):
     value = op.attrs.get("value")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        ctx.fail(f"full's value must be a number, got {value!r}")
+        ctx.fail(f"full's value must be a number, got {_short(value)}")
     shape = op.attrs.get("shape", [])
     if not isinstance(shape, list) or any(not isinstance(d, int) or d < 0 for d in shape):
-        ctx.fail(f"full's shape {shape!r} must be a list of sizes")
-    ctx.consts[op.results[0].id] = value
+        ctx.fail(f"full's shape {_short(shape)} must be a list of sizes")
+    ctx.consts[ctx.result(0).id] = value
 
 
 def _combine(ctx, op):
-    ctx.vecs[op.results[0].id] = list(op.operands)
+    ctx.vecs[ctx.result(0).id] = list(op.operands)
     for v in op.operands:
         if v is None:
             ctx.fail("a null value in a list")
@@ -233,7 +319,7 @@ def _split_vec(ctx, op):
             ctx.fail("builtin.split of a value that is not a list")
         for value, name in zip(op.results, names, strict=True):
             ctx.names[value.id] = name
-            ctx.block.vars[name] = _var_like(value, name)
+            ctx.block.vars[name] = _var_like(ctx, value, name)
         return
     if len(items) != len(op.results):
         ctx.fail(f"builtin.split of {len(items)} values into {len(op.results)}")
@@ -241,7 +327,9 @@ def _split_vec(ctx, op):
         ctx.names[value.id] = ctx.var(vid)
 
 
-def _var_like(value, name):
+def _var_like(ctx, value, name):
+    if value.form not in ("dtensor", "scalar"):
+        ctx.fail(f"value %{value.id} is a {value.form}, not a tensor")
     return PaddleVar(name, LOD_TENSOR, value.dtype, DTYPE_CODES.get(value.dtype),
                      list(value.shape), 0, False, False, False, False)
 
@@ -256,20 +344,20 @@ def _pool2d(ctx, op):
     attrs = _pick("strides", "paddings", "ceil_mode", "exclusive", "data_format",
                   "pooling_type", "global_pooling", "adaptive", "padding_algorithm")(ctx, op)
     attrs["ksize"] = ctx.ints(_operand(op, 1), "the kernel size")
-    ctx.emit("pool2d", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
+    ctx.emit("pool2d", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
              attrs)
 
 
 def _reshape(ctx, op):
     shape = ctx.ints(_operand(op, 1), "the shape")
-    ctx.emit("reshape2", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
+    ctx.emit("reshape2", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
              {"shape": shape})
 
 
 def _axes_op(legacy, key):
     def translate(ctx, op):
         axes = ctx.ints(_operand(op, 1), "the axes")
-        ctx.emit(legacy, {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
+        ctx.emit(legacy, {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
                  {key: axes})
     return translate
 
@@ -277,73 +365,89 @@ def _axes_op(legacy, key):
 def _reduce(legacy):
     def translate(ctx, op):
         dims = ctx.ints(_operand(op, 1), "the axes") if len(op.operands) > 1 else \
-            list(op.attrs.get("axis", []))
-        ctx.emit(legacy, {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
-                 {"dim": dims, "keep_dim": bool(op.attrs.get("keepdim", False)),
+            ctx.attr("axis", "ints", [])
+        ctx.emit(legacy, {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
+                 {"dim": dims, "keep_dim": ctx.attr("keepdim", "bool", False),
                   "reduce_all": not dims})
     return translate
 
 
 def _scale(ctx, op):
-    scale = ctx.const(_operand(op, 1), "the scale") if len(op.operands) > 1 else \
-        op.attrs.get("scale", 1.0)
-    ctx.emit("scale", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
-             {"scale": float(scale), "bias": float(op.attrs.get("bias", 0.0)),
-              "bias_after_scale": bool(op.attrs.get("bias_after_scale", True))})
+    if len(op.operands) > 1:
+        scale = ctx.const(_operand(op, 1), "the scale")
+        if isinstance(scale, list) and len(scale) == 1:
+            scale = scale[0]
+        if not _is_number(scale):
+            ctx.fail(f"the scale must be one number, got {_short(scale)}")
+    else:
+        scale = ctx.attr("scale", "float", 1.0)
+    ctx.emit("scale", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
+             {"scale": float(scale), "bias": ctx.attr("bias", "float", 0.0),
+              "bias_after_scale": ctx.attr("bias_after_scale", "bool", True)})
 
 
 def _cast(ctx, op):
-    dtype = op.attrs.get("dtype")
+    dtype = ctx.attr("dtype", "str")
     if dtype not in DTYPE_CODES:
-        ctx.fail(f"cast to {dtype!r} has no ssaexec dtype")
-    ctx.emit("cast", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
+        ctx.fail(f"cast to {_short(dtype)} has no ssaexec dtype")
+    ctx.emit("cast", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
              {"out_dtype": DTYPE_CODES[dtype]})
 
 
 def _concat(ctx, op):
-    axis = ctx.ints(_operand(op, 1), "the axis")
+    axis = ctx.int1(_operand(op, 1), "the axis")
     ctx.emit("concat", {"X": ctx.vec(_operand(op, 0), "concat's inputs")},
-             {"Out": [ctx.out(op.results[0])]}, {"axis": axis[0]})
+             {"Out": [ctx.out(ctx.result(0))]}, {"axis": axis})
 
 
 def _split(ctx, op):
     x = ctx.var(_operand(op, 0))
     if op.op_type == "split_with_num":
-        attrs = {"num": int(op.attrs.get("num", 0)), "sections": [],
-                 "axis": ctx.ints(_operand(op, 1), "the axis")[0]}
+        attrs = {"num": ctx.attr("num", "int"), "sections": [],
+                 "axis": ctx.int1(_operand(op, 1), "the axis")}
+        count, what = attrs["num"], f"num={attrs['num']}"
     else:
         attrs = {"num": 0, "sections": ctx.ints(_operand(op, 1), "the sections"),
-                 "axis": ctx.ints(_operand(op, 2), "the axis")[0]}
-    vec = op.results[0]
-    n = len(vec.items or [])
-    if not n:
-        ctx.fail("split's result has no item types")
+                 "axis": ctx.int1(_operand(op, 2), "the axis")}
+        count, what = len(attrs["sections"]), f"{len(attrs['sections'])} sections"
+    vec = ctx.result(0)
+    if vec.form != "vec" or not vec.items:
+        ctx.fail(f"split's result must be a non-empty list (t_vec) of tensors, not a {vec.form}")
+    n = len(vec.items)
+    # the count bounds the work of shape inference: it must match the result types given
+    if count != n:
+        ctx.fail(f"{what} makes {count} parts, but the result lists {n} tensor types")
     names = [f"v{vec.id}_{k}" for k in range(n)]
     for name, item in zip(names, vec.items, strict=True):
-        ctx.block.vars[name] = _var_like(item, name)
+        ctx.block.vars[name] = _var_like(ctx, item, name)
     ctx.lists[vec.id] = names
     ctx.emit("split", {"X": [x]}, {"Out": names}, attrs)
 
 
 def _dropout(ctx, op):
     # operands: x, seed_tensor (usually null), p (a constant); older files had p an attribute
-    p = op.attrs.get("p", 0.5)
+    p = ctx.attr("p", "float", 0.5)
     if _operand(op, 2) is not None:
         p = ctx.const(_operand(op, 2), "the dropout probability")
-    outs = {"Out": [ctx.out(op.results[0])]}
+        if not _is_number(p):
+            ctx.fail(f"the dropout probability must be a number, got {_short(p)}")
+    outs = {"Out": [ctx.out(ctx.result(0))]}
     if len(op.results) > 1:
         outs["Mask"] = [ctx.out(op.results[1])]
     ctx.emit("dropout", {"X": [ctx.var(_operand(op, 0))]}, outs,
-             {"dropout_prob": float(p), "is_test": bool(op.attrs.get("is_test", False)),
-              "dropout_implementation": op.attrs.get("mode", "upscale_in_train"),
-              "fix_seed": bool(op.attrs.get("fix_seed", False)),
-              "seed": int(op.attrs.get("seed", 0))})
+             {"dropout_prob": float(p), "is_test": ctx.attr("is_test", "bool", False),
+              "dropout_implementation": ctx.attr("mode", "str", "upscale_in_train"),
+              "fix_seed": ctx.attr("fix_seed", "bool", False),
+              "seed": ctx.attr("seed", "int", 0)})
 
 
 def _batch_norm(ctx, op):
+    if len(op.operands) < 5:
+        ctx.fail(f"batch_norm takes 5 operands (x, mean, variance, scale, bias), got "
+                 f"{len(op.operands)}")
     names = [ctx.var(v) for v in op.operands[:5]]
     x, mean, var, scale, bias = names
-    outs = {"Y": [ctx.out(op.results[0])]}
+    outs = {"Y": [ctx.out(ctx.result(0))]}
     # the running statistics are updated in place, as in the legacy program
     for k, (slot, alias) in enumerate((("MeanOut", mean), ("VarianceOut", var)), 1):
         if k < len(op.results):
@@ -359,11 +463,11 @@ def _batch_norm(ctx, op):
 
 
 def _argmax(ctx, op):
-    axis = ctx.ints(_operand(op, 1), "the axis")[0]
-    dtype = op.attrs.get("dtype", "int64")
-    ctx.emit("arg_max", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(op.results[0])]},
-             {"axis": axis, "keepdims": bool(op.attrs.get("keepdims", False)),
-              "flatten": bool(op.attrs.get("flatten", False)),
+    axis = ctx.int1(_operand(op, 1), "the axis")
+    dtype = ctx.attr("dtype", "str", "int64")
+    ctx.emit("arg_max", {"X": [ctx.var(_operand(op, 0))]}, {"Out": [ctx.out(ctx.result(0))]},
+             {"axis": axis, "keepdims": ctx.attr("keepdims", "bool", False),
+              "flatten": ctx.attr("flatten", "bool", False),
               "dtype": DTYPE_CODES.get(dtype, 3)})
 
 
@@ -371,9 +475,11 @@ def _slice(ctx, op):
     """``x[start:end]`` along constant axes, as ``split``s (ssaexec has no slice op): the
     declared size of each sliced axis must be known."""
     x = ctx.var(_operand(op, 0))
-    value = ctx.pir.values[_operand(op, 0)]
+    value = ctx.value(_operand(op, 0))
+    if value.shape is None:
+        ctx.fail(f"value %{value.id} is a {value.form}, not a tensor")
     shape = list(value.shape)
-    axes = list(op.attrs.get("axes", []))
+    axes = ctx.attr("axes", "ints", [])
     starts = ctx.ints(_operand(op, 1), "the starts")
     ends = ctx.ints(_operand(op, 2), "the ends")
     if not (len(axes) == len(starts) == len(ends)):
@@ -397,8 +503,8 @@ def _slice(ctx, op):
                  {"num": 0, "sections": parts, "axis": axis})
         cur = names[pick]
         shape[axis] = end - start
-    out = ctx.out(op.results[0])
-    drop = list(op.attrs.get("decrease_axis", []))
+    out = ctx.out(ctx.result(0))
+    drop = ctx.attr("decrease_axis", "ints", [])
     if drop:
         ctx.emit("squeeze2", {"X": [cur]}, {"Out": [out]}, {"axes": drop})
     else:
@@ -409,12 +515,12 @@ def _pow(ctx, op):
     y = op.attrs.get("y")
     if isinstance(y, bool) or not isinstance(y, (int, float)):
         ctx.fail(f"pow's exponent must be a number, got {y!r}")
-    value = ctx.pir.values[_operand(op, 0)]
+    value = ctx.value(_operand(op, 0))
     exponent = ctx.tmp_like(value, [1], 0, 1)
     ctx.emit("fill_constant", {}, {"Out": [exponent]},
              {"shape": [1], "dtype": DTYPE_CODES.get(value.dtype, 5), "value": float(y)})
     ctx.emit("elementwise_pow", {"X": [ctx.var(_operand(op, 0))], "Y": [exponent]},
-             {"Out": [ctx.out(op.results[0])]}, {"axis": -1})
+             {"Out": [ctx.out(ctx.result(0))]}, {"axis": -1})
 
 
 def _binary(legacy):
@@ -556,5 +662,12 @@ def to_legacy(pir):
             ctx.preferred.setdefault(op.operands[0], name)
     for op in pir.ops:
         ctx.op = op
-        _entry(op.name)(ctx, op)
+        try:
+            _entry(op.name)(ctx, op)
+        except _MALFORMED as e:
+            # a malformed op no check foresaw: located, never an internal error
+            detail = str(e).splitlines()[0][:200] if str(e) else ""
+            ctx.fail(f"malformed op at {format_path(op.path)} ({type(e).__name__}"
+                     f"{': ' + detail if detail else ''}); see docs/paddle.md for the "
+                     "supported form")
     return PaddleProgram([ctx.block], None, {}, pir.source)
