@@ -249,6 +249,8 @@ def test_errors_name_the_op_and_shapes_as_the_readable_path_does():
     scope = se.Scope()
     se.Executor().run(startup, scope=scope)
     scope.set_var("fc_0.w_0", torch.ones(5, 2))  # a weight of the wrong shape
+    # ... that its declaration does not refuse first (runtime.boundary): none is declared
+    main.global_block().var("fc_0.w_0").shape = None
     msgs = []
     for compiled in (True, False):
         with pytest.raises(OpError) as info:
