@@ -23,11 +23,13 @@ Policy and invariants:
   broadcast), from the same folder: on several machines it must be shared storage. A rank
   that cannot read it raises ``DistributedError`` naming the file.
 * **Newest valid wins.** ``resume`` takes the newest checkpoint that reads and whose
-  training state is valid (the step, the world size, the data position for the
-  sampler, every RNG state tried on a scratch generator); one that is not (a disk
-  error, a bad RNG state) is named on stderr and the one before it is tried. The
-  chosen one is checked whole before any of it is loaded (``load_checkpoint``'s
-  ``check``): a refusal loads nothing, and no parameter is left half restored.
+  training state is valid (the step, the world size, every RNG state tried on a
+  scratch generator); one that is not (a disk error, a bad RNG state) is named on
+  stderr and the one before it is tried. The chosen one is checked whole before any
+  of it is loaded (``load_checkpoint``'s ``check``, which also tries the data position
+  on a copy of the sampler): a refusal loads nothing, and no parameter is left half
+  restored. A data position of another sample order (the run's settings changed) is
+  an error, not a reason to fall back.
 * **Only what a save made.** Only regular files are opened, never through a symlink,
   never blocking (``safe_files.open_regular``): a FIFO named like a checkpoint is
   skipped, not waited on. A dead save's temporary file (``.ckpt-*.tmp``, a regular
@@ -147,13 +149,15 @@ class Checkpoints:
         restore this rank's RNG states and the sampler's position (resharded for this
         world). Every rank calls it. Returns the step to continue from (0: none found).
         """
-        choice = self._choose(sampler) if distributed.rank() == 0 else None
+        choice, skipped = self._choose() if distributed.rank() == 0 else (None, 0)
         if distributed.world_size() > 1:
             choice = distributed.collective().gather_objects(
                 choice, "broadcast of the checkpoint to resume from")[0]
         if choice is None:
             if distributed.rank() == 0:
-                self.log(f"no checkpoint in {self.directory}: starting at step 0")
+                self.log(f"no {'usable ' if skipped else ''}checkpoint in {self.directory}"
+                         f"{f' ({skipped} skipped, above)' if skipped else ''}: starting at "
+                         "step 0")
             return 0
         path = self.path(choice)
         state, checked = {}, {}
@@ -180,9 +184,12 @@ class Checkpoints:
                      f"{training['world_size']} process(es), now {distributed.world_size()})")
         return training["step"]
 
-    def _choose(self, sampler=None):
-        """Rank 0: the newest step whose checkpoint reads and whose training state is
-        valid (``_check_training``), after removing dead temporary files."""
+    def _choose(self):
+        """Rank 0: (the newest step whose checkpoint reads and whose training state is
+        valid, or None; how many newer ones were skipped), after removing dead temporary
+        files. Whether the data position fits the caller's sampler is not asked here: a
+        mismatch is the caller's setting, refused when loading, never a reason to fall
+        back to an older checkpoint (or to none, and start over)."""
         for name in sorted(os.listdir(self.directory)):
             if _TEMP.match(name):  # a save killed before its rename: never a checkpoint
                 path = os.path.join(self.directory, name)
@@ -195,15 +202,17 @@ class Checkpoints:
             if not regular:
                 self.log(f"ignoring {self.path(step)}: named like a checkpoint, but not a "
                          "regular file (left as it is)")
+        skipped = 0
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
                 meta, state = _peek(path)
-                _check_training(meta, state, path, sampler)
-                return step
+                _check_training(meta, state, path)
+                return step, skipped
             except Exception as e:  # noqa: BLE001 - unreadable: say so, try the one before
                 self.log(f"skipping {path}: {type(e).__name__}: {e}")
-        return None
+                skipped += 1
+        return None, skipped
 
 
 def _peek(path):

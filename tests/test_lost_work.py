@@ -299,3 +299,23 @@ def test_a_refused_checkpoint_loads_nothing(tmp_path):
             assert torch.equal(value, fresh[name]), name
         assert pe.runs == 0
     assert any("skipping" in s and "RNG state 'rng.0.cpu'" in s for s in said), said
+    assert said[-1] == f"no usable checkpoint in {folder} (1 skipped, above): starting at step 0"
+
+
+def test_a_data_position_of_another_order_is_an_error_not_a_fall_back(tmp_path):
+    folder = tmp_path / "ck"
+    _train(4, folder, every=2, places=1)
+    said = []
+    main, startup, loss = _program()
+    with se.ParallelExecutor(se.cpu_places(1), main, startup, loss, scope=se.Scope()) as pe:
+        fresh = _params(pe, main)
+        other = se.EpochSampler(40, 8, seed=3, rank=0, world_size=1)  # the run's seed was 2
+        with pytest.raises(SSAExecError, match=r"step-00000004.safetensors: the saved data "
+                                               r"position is of another sample order: seed 2"):
+            se.Checkpoints(folder, log=said.append).resume(pe, other)
+        for name, value in _params(pe, main).items():  # nothing loaded
+            assert torch.equal(value, fresh[name]), name
+        assert pe.runs == 0 and other.epoch == 0 and other.step == 0
+    assert not any("skipping" in s or "step 0" in s for s in said), said
+    assert sorted(os.listdir(folder)) == ["step-00000002.safetensors",
+                                          "step-00000004.safetensors"]
