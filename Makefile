@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast test-inductor bench gpu-check validate-sim validate-sim-published fuzz install graphviz chromium clean
+.PHONY: demo test test-fast test-matrix test-oldest test-inductor bench gpu-check validate-sim validate-sim-published fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -75,6 +75,19 @@ test: $(STAMP) graphviz chromium
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# the supported torch range (docs/torch_versions.md): pytest -m "not slow" plus the
+# transformers zoo on torch 2.11.0, 2.13.0 and 2.14.1 (Python 3.11) and on the GPU
+# machines' pair (Python 3.12, torch 2.11.0), each in its own .venv-matrix/py<py>-<torch>
+# from the package index (downloads shared in ~/.cache/ssaexec-matrix-pip); one line a
+# cell. MATRIX_ARGS="--cells 3.11-2.11.0 --fast" picks cells / leaves the zoo out.
+MATRIX_ARGS ?=
+test-matrix:
+	$(PYTHON) .ci/matrix.py $(MATRIX_ARGS)
+
+# the fast suite on the oldest supported torch (what CI runs besides make test)
+test-oldest:
+	$(PYTHON) .ci/matrix.py --cells 3.11-2.11.0 --fast
+
 # the whole suite with every ExecutionStrategy compiling its segments with Inductor
 # (SSAEXEC_COMPILER=inductor); tests/conftest.py's INDUCTOR_EXCEPTIONS skips, with why, the
 # tests that cannot hold then. Slow: each executor compiles its first steps.
@@ -87,9 +100,18 @@ bench: $(STAMP)
 # everything GPU-only (cuda tests, sanitizer, GPU benchmarks, a profiled step) in one report,
 # out/gpu_check/report.md and .json, in < 10 min on one H100; without a GPU it says so, exit 0.
 # GPU_CHECK_ARGS=--quick (or --only PART; --list names the parts)
+# A GPU machine as it comes (its own python with a CUDA torch, no network, no .venv) runs
+# the check on that python as it is, nothing installed: bench/gpu_env.py detects it, or
+# say so: make gpu-check NO_VENV=1 PYTHON=python3 (NO_VENV=0 forces .venv). docs/gpu.md.
 GPU_CHECK_ARGS ?=
-gpu-check: $(STAMP)
-	$(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS)
+NO_VENV ?=
+gpu-check:
+	@mode=$$(NO_VENV=$(NO_VENV) $(PYTHON) bench/gpu_env.py $(VENV) $(PYTHON)) || exit 2; \
+	if [ "$$mode" = system ]; then \
+		PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS); \
+	else \
+		$(MAKE) --no-print-directory install && $(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS); \
+	fi
 
 # the scaling simulator against measured CPU runs (docs/simulator.md): ~2 min
 validate-sim: $(STAMP)

@@ -63,6 +63,7 @@ import torch  # noqa: E402
 
 import scheduler_overhead  # noqa: E402
 import ssaexec as se  # noqa: E402
+from ssaexec import compat  # noqa: E402
 from ssaexec.bench import load_twins, machine_description  # noqa: E402
 
 SCHEMA = "ssaexec-dispatch/1"
@@ -197,7 +198,7 @@ def fx_floor(module, feeds, lr):
         The step (returns the loss as a float) and the number of ATen calls in
         the graph.
     """
-    from torch._functorch.aot_autograd import aot_export_module
+    from ssaexec.compat import aot_export_module
 
     class Tuple(torch.nn.Module):
         # the export wants the outputs as a tuple, the loss at output_loss_index
@@ -229,7 +230,7 @@ def fx_floor(module, feeds, lr):
     def step():
         with torch.no_grad():
             outs = gm(*args)
-            torch._foreach_add_(updated, [outs[i] for i in grad_at], alpha=-lr)
+            compat.foreach("add_")(updated, [outs[i] for i in grad_at], alpha=-lr)
             for i, buf in mutated:
                 buf.copy_(outs[i])
         return float(outs[loss_at])

@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from ssaexec import compat
 from ssaexec.bench import cli, runners
 from ssaexec.runtime import inductor
 
@@ -72,8 +73,8 @@ class _Clocked:
 
 def floor_step(eager, lr):
     """The joint graph of ``eager``'s twin compiled whole by Inductor, plus a foreach SGD."""
-    from torch._functorch.aot_autograd import aot_export_module
-    from torch._inductor.compile_fx import compile_fx
+    from ssaexec.compat import aot_export_module
+    from ssaexec.compat import compile_fx
     loss_fn = runners.load_twins().loss_fn
 
     class Joint(torch.nn.Module):
@@ -102,7 +103,7 @@ def floor_step(eager, lr):
     def step():
         with torch.no_grad():
             out = fn(*args)
-            torch._foreach_add_(updated, [out[i] for i in grad_at], alpha=-lr)
+            compat.foreach("add_")(updated, [out[i] for i in grad_at], alpha=-lr)
         return float(out[loss_at])
     return step
 

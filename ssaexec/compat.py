@@ -39,7 +39,7 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "statically_known_true", "check", "export_state", "core_aten_decompositions",
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
-           "custom_op", "has_torch_nccl", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version"]
+           "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
@@ -372,6 +372,21 @@ _feature("library.custom_op", "torch.library:custom_op", "2.4",
          "seeded random ops under compiler='inductor'")
 _feature("nccl.all_reduce", "torch._C:_nccl_all_reduce", "2.0",
          "the torch.cuda.nccl collective", fallback=False)
+
+
+_feature("nn.BatchNorm", "torch.nn.modules.batchnorm:_BatchNorm", "1.0",
+         "from_torch (batch norm's momentum=None check)")
+_feature("cuda.sleep", "torch.cuda:_sleep", "1.0", "the simulator's GPU calibration")
+
+
+def batch_norm_base():
+    """``torch.nn.modules.batchnorm._BatchNorm``, the base class of every batch norm."""
+    return FEATURES["nn.BatchNorm"].get()
+
+
+def cuda_sleep(cycles):
+    """``torch.cuda._sleep(cycles)``: hold the current stream for ``cycles`` GPU clocks."""
+    return FEATURES["cuda.sleep"].get()(cycles)
 
 
 def op_classes():

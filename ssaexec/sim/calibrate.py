@@ -49,6 +49,7 @@ import time
 
 import torch
 
+from ..compat import cuda_sleep
 from .cluster import Cluster, Device, Host, Link
 
 __all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "gloo_burst",
@@ -420,9 +421,9 @@ def _sleep_rate(device):
     """Cycles per second of ``torch.cuda._sleep`` on ``device`` (its clock, measured)."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles = 1_000_000
-    torch.cuda._sleep(cycles)  # the first call loads the kernel
+    cuda_sleep(cycles)  # the first call loads the kernel
     a.record()
-    torch.cuda._sleep(cycles)
+    cuda_sleep(cycles)
     b.record()
     b.synchronize()
     return cycles / max(a.elapsed_time(b) / 1e3, 1e-9)
@@ -450,7 +451,7 @@ def device_time(fn, device, calls=50, repeats=5):
             queued = time.perf_counter() - t0
             torch.cuda.synchronize()
             # hold the stream well past the time it takes to queue the calls again
-            torch.cuda._sleep(int(rate * (2 * queued + 1e-3)))
+            cuda_sleep(int(rate * (2 * queued + 1e-3)))
             start.record()
             for _ in range(calls):
                 fn()

@@ -362,9 +362,8 @@ def capture_forward(module, inputs, dims, output=None):
 def _refuse_cumulative_batch_norm(module):
     # momentum=None makes batch norm read num_batches_tracked into a Python float
     # (1 / num_batches_tracked) each training step: data-dependent, so say so plainly
-    from torch.nn.modules.batchnorm import _BatchNorm
     for path, m in module.named_modules():
-        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats \
+        if isinstance(m, compat.batch_norm_base()) and m.training and m.track_running_stats \
                 and m.momentum is None:
             where = f"module {path!r}" if path else "the root module"
             raise ProgramError(

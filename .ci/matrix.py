@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""The torch version matrix (``make test-matrix``; docs/torch_versions.md).
+
+For each cell (Python, torch) of ``CELLS``: a virtualenv ``.venv-matrix/py<py>-<torch>``
+made from the package index (torch as pip finds it: the CPU wheel on local disk where
+there is one, else the CUDA wheel from the index, which runs on CPU), with ssaexec
+installed editable with its test extras; then ``pytest -m "not slow"`` and the
+transformers zoo (tests/test_zoo.py, marked slow, so run by name). It prints one line a
+cell: Python, torch, passed, failed, seconds, and exits 1 when any cell failed.
+
+Policy:
+
+* a venv is made once (its ``.installed`` stamp) and reused; pip's downloads go to one
+  shared cache (``--cache-dir``, ``MATRIX_PIP_CACHE``, default
+  ``~/.cache/ssaexec-matrix-pip``), so a second checkout or a CI run installs from disk;
+* the cells are the supported range's ends and the pinned version, plus the GPU
+  machines' exact pair (Python 3.12, torch 2.11.0);
+* ``--cells 3.11-2.11.0,...`` picks cells; ``--fast`` leaves the zoo out;
+  ``--install-only`` makes the venvs and runs nothing.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CELLS = [("3.11", "2.11.0"), ("3.11", "2.13.0"), ("3.11", "2.14.1"), ("3.12", "2.11.0")]
+CACHE = os.environ.get("MATRIX_PIP_CACHE",
+                       str(pathlib.Path.home() / ".cache" / "ssaexec-matrix-pip"))
+# the extras the test suite needs (pyproject.toml's optional dependencies)
+EXTRAS = ".[test,bench,paddle]"
+
+
+def venv_of(py, torch_version):
+    return ROOT / ".venv-matrix" / f"py{py}-{torch_version}"
+
+
+def interpreter(py):
+    """A ``python<py>`` that runs: on PATH (a pyenv shim may refuse one that is not the
+    active version), else pyenv's build of it, else None."""
+    cands = [f"python{py}"] + sorted(str(p) for p in
+                                     (pathlib.Path.home() / ".pyenv" / "versions").glob(
+                                         f"{py}.*/bin/python{py}")) + [f"/usr/bin/python{py}"]
+    for c in cands:
+        try:
+            if subprocess.run([c, "-c", "pass"], capture_output=True).returncode == 0:
+                return c
+        except OSError:
+            continue
+    return None
+
+
+def install(py, torch_version, quiet=True):
+    """Make the cell's venv (once); returns its python."""
+    venv = venv_of(py, torch_version)
+    stamp = venv / ".installed"
+    python = venv / "bin" / "python"
+    if stamp.exists():
+        return python
+    q = ["-q"] if quiet else []
+    pip = [str(python), "-m", "pip", "install", *q, "--cache-dir", CACHE]
+    base = interpreter(py)
+    if base is None:
+        raise SystemExit(f"test-matrix: no Python {py} here (python{py}); install it or pick "
+                         "other cells with --cells")
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    subprocess.run(pip + [f"torch=={torch_version}"], check=True)
+    subprocess.run(pip + ["-e", EXTRAS], check=True, cwd=ROOT)
+    stamp.touch()
+    return python
+
+
+def _count(text, word):
+    m = re.search(rf"(\d+) {word}", text)
+    return int(m.group(1)) if m else 0
+
+
+def pytest(python, args, log):
+    """``(passed, failed)`` of one pytest run (errors count as failed), output to ``log``."""
+    with open(log, "a") as out:
+        out.write(f"$ {python} -m pytest {' '.join(args)}\n")
+        out.flush()
+        proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        out.write(proc.stdout)
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    passed, failed = _count(tail, "passed"), _count(tail, "failed") + _count(tail, "error")
+    if proc.returncode not in (0, 1) and not failed:
+        failed = 1  # pytest itself failed (exit 2-4): count it
+    return passed, failed
+
+
+def run_cell(py, torch_version, zoo):
+    t0 = time.perf_counter()
+    python = install(py, torch_version)
+    log = ROOT / ".venv-matrix" / f"py{py}-{torch_version}.log"
+    log.write_text("")
+    passed, failed = pytest(python, ["-m", "not slow"], log)
+    if zoo:
+        p, f = pytest(python, ["tests/test_zoo.py"], log)
+        passed, failed = passed + p, failed + f
+    return passed, failed, time.perf_counter() - t0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", help="comma-separated py-torch pairs, e.g. 3.11-2.11.0")
+    ap.add_argument("--fast", action="store_true", help="leave the zoo out")
+    ap.add_argument("--install-only", action="store_true", help="make the venvs only")
+    a = ap.parse_args(argv)
+    cells = CELLS if not a.cells else [tuple(c.split("-", 1)) for c in a.cells.split(",")]
+    if a.install_only:
+        for py, tv in cells:
+            print(f"python {py} torch {tv}: {install(py, tv)}", flush=True)
+        return 0
+    rows = []
+    for py, tv in cells:
+        passed, failed, secs = run_cell(py, tv, zoo=not a.fast)
+        line = (f"python {py:5}  torch {tv:7}  passed {passed:5}  failed {failed:3}  "
+                f"seconds {secs:6.0f}")
+        print(line, flush=True)
+        rows.append(failed)
+    print(f"test-matrix: {sum(1 for f in rows if not f)} of {len(rows)} cells green "
+          f"(logs: .venv-matrix/py<python>-<torch>.log)")
+    return 1 if any(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
