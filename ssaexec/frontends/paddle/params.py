@@ -252,13 +252,16 @@ def save_directory(directory, values):
 
 
 def _write_atomic(path, data, where):
+    """``data`` to ``path`` with ``safe_files.atomic_write``; ``ProgramError`` naming
+    ``where`` (the file, or the directory and the file in it) if it cannot be."""
     def write(tmp):
         with open(tmp, "wb") as f:
             f.write(data)
     try:
         atomic_write(path, write, prefix=".pdiparams-")
     except OSError as e:
-        raise ProgramError(f"{where}: cannot write parameter file {Path(path).name}: "
+        which = "" if Path(where) == Path(path) else f" {Path(path).name}"
+        raise ProgramError(f"{where}: cannot write parameter file{which}: "
                            f"{e.strerror or e}") from None
 
 
