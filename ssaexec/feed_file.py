@@ -25,8 +25,10 @@ in bounded chunks; a member that ends early or fails its CRC is refused. Every r
 is a ``FeedError`` naming the file, the member and what is wrong.
 """
 
+import lzma
 import os
 import zipfile
+import zlib
 
 import numpy as np
 from numpy.lib import format as npy
@@ -39,6 +41,11 @@ from .safe_files import NotRegularFile, open_regular
 __all__ = ["read_feed_file"]
 
 _CHUNK = 1 << 24  # bytes per read of a member's data: bounds the transient copies
+# what reading a member can raise on a damaged file: the zip layer (directory, local
+# header, CRC), each decompressor's own error, an encrypted member (RuntimeError), a
+# compression method zipfile does not have (NotImplementedError)
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, OSError, EOFError,
+                RuntimeError, NotImplementedError)
 # numpy dtype kinds with no ssaexec dtype, by what a user would call them
 _REFUSED_KINDS = {"U": "a string", "S": "a byte string", "O": "an object", "V": "a void "
                   "(raw or structured)", "M": "a datetime", "m": "a timedelta",
@@ -132,10 +139,9 @@ def _check_member(archive, info, path, program):
                 raise ValueError(f"npy format version {version[0]}.{version[1]} is not "
                                  "supported (1.0 and 2.0 are)")
             offset = stream.tell()
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, EOFError,
-            OSError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as e:
-        # RuntimeError: an encrypted member; NotImplementedError: an unknown compression
-        raise FeedError(f"{where}: not a readable .npy array header "
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) + _READ_ERRORS \
+            as e:  # the header's text is parsed by numpy: what its parser raises, too
+        raise FeedError(f"{where}: cannot read its .npy array header "
                         f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") \
             from None
     kind = _REFUSED_KINDS.get(dtype.kind)
@@ -187,7 +193,7 @@ def _read_member(archive, m, path):
                 view[done:done + len(chunk)] = chunk
                 done += len(chunk)
             stream.read(1)  # at the end the zip reader checks the member's CRC
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
+    except (ValueError,) + _READ_ERRORS as e:
         raise FeedError(f"{where}: the data cannot be read ({e})") from None
     finally:
         view.release()

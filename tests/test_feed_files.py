@@ -155,8 +155,8 @@ def test_headers_that_lie_about_the_size_are_refused(tmp_path, program):
     assert "holds 208 bytes of data, but its header says float32[9, 13], 468" in said["short"]
     assert "header says float32[2, 13], 104 bytes" in said["long"]
     assert "truncated, or a header that lies" in said["truncated"]
-    assert "not a readable .npy array header" in said["header only"]
-    assert "not a readable .npy array header" in said["no magic"]
+    assert "cannot read its .npy array header" in said["header only"]
+    assert "cannot read its .npy array header" in said["no magic"]
     assert "negative dimension" in said["negative dim"]
     assert "more than one tensor may hold" in said["huge dims"]
 
@@ -170,6 +170,22 @@ def test_a_corrupt_member_fails_its_crc_as_a_feed_error(tmp_path, program):
     path.write_bytes(bytes(data))
     with pytest.raises(FeedError, match=r"member 'x.npy': the data cannot be read \(.*CRC"):
         read_feed_file(path, program)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2,
+                                         zipfile.ZIP_LZMA])
+def test_damaged_compressed_members_are_feed_errors(tmp_path, program, compression):
+    x, _ = _xy(1024)
+    good = _npz(tmp_path / "good.npz", [("x.npy", _npy(x))], compression).read_bytes()
+    start = good.index(b"x.npy") + 5  # the member's compressed stream follows its name
+    for at in (start + 2, start + 150, len(good) // 2):
+        damaged = bytearray(good)
+        for k in range(at, at + 32):
+            damaged[k] ^= 0x5A
+        path = tmp_path / f"damaged-{at}.npz"
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(FeedError, match=re.escape(f"{path}: member 'x.npy': ")):
+            read_feed_file(path, program)
 
 
 def test_files_that_are_not_npz_archives_are_refused(tmp_path, program):
