@@ -20,6 +20,14 @@ idle GPU time between kernels counted; bench/validate_sim.py --device cuda (the
 simulator's prediction of 1 place against 2 places on one GPU, against the measurement).
 
 Without a GPU visible to torch it says so on one line, writes a small report and exits 0.
+
+It runs on whatever interpreter started it: ``make gpu-check`` picks the project's
+``.venv`` or, on a GPU machine as it comes (a CUDA torch, no network), that machine's
+own python (bench/gpu_env.py; ``NO_VENV=1`` says so). The report names the torch, whether
+it is in ssaexec's supported range, and the private APIs it lacks (``ssaexec.compat``:
+their fallbacks run). A part that fails because of the torch version (a
+``TorchFeatureError``, a private torch name missing) is reported as
+``failed (torch version)`` with the cause, apart from failures of ssaexec's GPU code.
 """
 
 import argparse
@@ -329,6 +337,25 @@ def _say(msg):
     print(f"gpu-check: {msg}", file=sys.stderr, flush=True)
 
 
+# signs in a part's log that its failure comes from the torch version, not from ssaexec's
+# GPU code: compat's refusal, or a private torch name this torch does not have
+VERSION_SIGNS = [
+    re.compile(r"TorchFeatureError: ([^\n]+)"),
+    re.compile(r"AttributeError: (module 'torch[\w.]*' has no attribute '_\w+')"),
+    re.compile(r"ImportError: (cannot import name '\w+' from 'torch[\w.]*')"),
+    re.compile(r"ModuleNotFoundError: (No module named 'torch\._[\w.]+')"),
+]
+
+
+def version_cause(log):
+    """The one-line torch-version cause of a failed part's ``log``, or None."""
+    for sign in VERSION_SIGNS:
+        m = sign.search(log)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
 def run_part(part, timeout, logs):
     """Run one part; returns its record for the report."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -361,6 +388,9 @@ def run_part(part, timeout, logs):
     rec["figures"] = figures(part, log)
     if status != "ok":
         rec["tail"] = log[-3000:]
+        cause = version_cause(log)
+        if cause:
+            rec["status"], rec["version_cause"] = "failed (torch version)", cause
     return rec
 
 
@@ -371,7 +401,23 @@ def machine():
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     if info["gpu"]:
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    info.update(torch_support())
     return info
+
+
+def torch_support():
+    """Whether the running torch is in ssaexec's supported range, and the private APIs it
+    lacks (their fallbacks run): ``{"supported": bool, "fallbacks": [...]}``."""
+    try:
+        from ssaexec import compat
+    except Exception as e:  # noqa: BLE001 - the report says why instead
+        return {"supported": None, "fallbacks": [], "compat_error": f"{type(e).__name__}: {e}"}
+    import torch
+    v = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    lo, hi = (tuple(int(x) for x in b.split(".")) for b in compat.SUPPORTED)
+    return {"supported": lo <= v < hi, "range": f">={compat.SUPPORTED[0]},<{compat.SUPPORTED[1]}",
+            "fallbacks": sorted(n for n, f in compat.FEATURES.items()
+                                if f.fallback is not None and not f.native)}
 
 
 def _fmt(v):
@@ -423,6 +469,14 @@ def write_report(out, info, records, note=None):
     where = ", ".join(info.get("gpus", [])) or "no GPU"
     md.append(f"torch {info['torch']} (CUDA {info['cuda']}), {where}, {info['date']}")
     md.append("")
+    if info.get("supported") is False:
+        md += [f"**torch {info['torch']} is outside ssaexec's supported range "
+               f"({info.get('range')}, docs/torch_versions.md)**", ""]
+    if info.get("fallbacks"):
+        md += ["Private torch APIs this torch lacks (ssaexec.compat's fallbacks run): "
+               + ", ".join(info["fallbacks"]), ""]
+    if info.get("compat_error"):
+        md += [f"ssaexec.compat does not import: {info['compat_error']}", ""]
     if note:
         md += [note, ""]
     if records:
@@ -433,6 +487,8 @@ def write_report(out, info, records, note=None):
             md += ["", f"## {r['name']}: {r['status']}", "", r["what"], "",
                    f"`{r['command']}`", ""]
             md += _figure_lines(r)
+            if r.get("version_cause"):
+                md += ["", f"Cause: the torch version ({info['torch']}): {r['version_cause']}"]
             if r.get("tail"):
                 md += ["", "Output tail:", "", "```", r["tail"].rstrip(), "```"]
     (out / "report.md").write_text("\n".join(md) + "\n")
@@ -483,7 +539,8 @@ def main(argv=None):
     info = machine()
     if not info["gpu"]:
         msg = (f"gpu-check: no CUDA GPU visible to torch {info['torch']} "
-               "(torch.cuda.is_available() is False); nothing to check")
+               f"(CUDA build {info['cuda'] or 'none'}, Python {info['python']}; "
+               "torch.cuda.is_available() is False); nothing to check")
         print(msg)
         write_report(out, info, [], note=msg)
         print(f"gpu-check: wrote {out / 'report.md'} and report.json")
@@ -507,9 +564,12 @@ def main(argv=None):
         write_report(out, info, records)         # a partial report survives a kill
     write_report(out, info, records)
     bad = [r["name"] for r in records if r["status"] != "ok"]
+    by_version = [r["name"] for r in records if r.get("version_cause")]
     total = time.perf_counter() - start
     _say(f"done in {total:.0f} s; {len(records) - len(bad)}/{len(records)} parts ok"
-         + (f"; not ok: {', '.join(bad)}" if bad else "") + f"; report {out / 'report.md'}")
+         + (f"; not ok: {', '.join(bad)}" if bad else "")
+         + (f" ({', '.join(by_version)} for the torch version)" if by_version else "")
+         + f"; report {out / 'report.md'}")
     return 1 if bad else 0
 
 

@@ -1,6 +1,7 @@
 """bench/gpu_check.py (``make gpu-check``): what can be checked without a GPU."""
 
 import json
+import os
 import pathlib
 import shlex
 import subprocess
@@ -125,3 +126,66 @@ def test_host_sync_part_runs_the_detector_over_cases_on_a_meta_place(tmp_path):
     from gpu_check import Part, figures
     part = Part("host-sync", "", [], 1, json_path=out, kind="host-sync")
     assert figures(part, "") == {"runs": 4, "not_allowed": 0, "errors": 0, "findings": []}
+
+
+# --- a GPU machine as it comes (issue 47): bench/gpu_env.py and the version causes ----------
+
+from gpu_check import version_cause  # noqa: E402
+from gpu_env import decide  # noqa: E402
+
+
+@pytest.mark.parametrize("no_venv, venv, cuda, reachable, mode", [
+    ("1", True, None, True, "system"),        # the switch wins over everything
+    ("0", False, "13.0", False, "venv"),
+    ("", True, "13.0", False, "venv"),        # a developer's machine with .venv
+    ("", False, "13.0", False, "system"),     # a GPU machine as it comes
+    ("", False, "13.0", True, "venv"),        # an index to install from
+    ("", False, None, False, "venv"),         # no CUDA torch: nothing to run on as it is
+])
+def test_gpu_env_decides_which_python_runs_the_check(no_venv, venv, cuda, reachable, mode):
+    got, why = decide(no_venv, venv, cuda, reachable)
+    assert got == mode and why
+
+
+def test_gpu_env_refuses_a_bad_switch():
+    with pytest.raises(ValueError, match="NO_VENV must be 1, 0 or empty"):
+        decide("yes", False, None, True)
+
+
+def test_gpu_env_detects_this_interpreter_without_a_venv(tmp_path):
+    # no .venv at tmp_path and pip told not to reach an index: "system" exactly when this
+    # interpreter's torch is a CUDA build (the torch 2.11 matrix venv's is; the pinned
+    # CPU build is not)
+    env = dict(os.environ, PIP_NO_INDEX="1", NO_VENV="")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_env.py"),
+                           str(tmp_path / ".venv"), sys.executable], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("system" if torch.version.cuda else "venv"), proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_make_gpu_check_no_venv_runs_on_this_python_without_installing(tmp_path):
+    # what a GPU machine as it comes runs, with no index: no .venv is made or used
+    env = dict(os.environ, PIP_NO_INDEX="1")
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-check", "NO_VENV=1",
+                           f"PYTHON={sys.executable}", f"VENV={tmp_path / 'venv'}",
+                           f"GPU_CHECK_ARGS=--out {tmp_path / 'out'}"], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gpu-check: system python (NO_VENV=1" in proc.stderr
+    assert "no CUDA GPU visible to torch" in proc.stdout
+    assert not (tmp_path / "venv").exists()
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["machine"]["supported"] is True
+
+
+def test_a_version_caused_failure_is_named_as_such():
+    assert version_cause("Traceback ...\nssaexec.errors.TorchFeatureError: the fused "
+                         "optimizer update needs torch._foreach_clone (torch >= 2.13)\n") \
+        .startswith("the fused optimizer update needs torch._foreach_clone")
+    assert "has no attribute '_foreach_clone'" in version_cause(
+        "AttributeError: module 'torch' has no attribute '_foreach_clone'\n")
+    assert version_cause("ModuleNotFoundError: No module named 'torch._inductor.x'") \
+        == "No module named 'torch._inductor.x'"
+    assert version_cause("AssertionError: 3 != 4\nRuntimeError: CUDA error") is None
