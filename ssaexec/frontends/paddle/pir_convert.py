@@ -160,7 +160,7 @@ class _Ctx:
     def var(self, vid):
         """The var name of operand ``vid``, materialising a folded constant."""
         if vid is None:
-            self.fail("a required operand is null")
+            self.fail("a required operand is missing (null or absent)")
         if vid in self.names:
             return self.names[vid]
         if vid in self.made:
@@ -247,7 +247,7 @@ def _simple(legacy, ins, outs, attrs=None):
             if slot is not None and vid is not None:
                 inputs[slot] = [ctx.var(vid)]
         outputs = {slot: [ctx.out(ctx.result(k))] for k, slot in enumerate(outs)
-                   if slot is not None and k < len(op.results)}
+                   if slot is not None and (k == 0 or k < len(op.results))}
         ctx.emit(legacy, inputs, outputs, attrs(ctx, op) if attrs else {})
     return translate
 

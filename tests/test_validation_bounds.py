@@ -1,0 +1,264 @@
+"""Validation is linear in the file (issue 46, class 3): ranks and counts are capped first.
+
+A 12.8 KB file with one var of rank 2000 cost 240 s in validation (torch's elementwise
+meta kernels are cubic in the rank), a 562-byte ``split`` with ``num=2**21`` 66 s and
+3.5 GB, and the same through a PIR parameter or ``split_with_num``. Now every shape is
+capped at ``max_rank`` where it is read (``ssaexec.limits``), every per-dimension
+attribute list too (``ssaexec.program.bounds``), and a count attribute must match the
+outputs the op names before any kernel runs. These tests count torch kernel calls
+(every ATen call, meta ones included, through a dispatch mode), never seconds: a bomb
+is refused after none, and the work of validation grows with the file, not faster.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ssaexec as se
+import ssaexec.limits
+from ssaexec import cli
+from ssaexec.frontends.paddle import read_program_bytes
+from ssaexec.frontends.paddle.convert import convert_program
+from ssaexec.limits import DEFAULTS, get_limit, limits
+from ssaexec.program.bounds import count_problem, rank_attr_problem
+from ssaexec.program.serialize import from_json
+from ssaexec.program.text import program_from_text
+
+ROOT = Path(__file__).resolve().parents[1]
+PIR = ROOT / "tests" / "fixtures" / "paddle" / "pir"
+
+
+class KernelCalls(TorchDispatchMode):
+    """Counts every ATen call made inside it (meta-tensor inference included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _load_and_validate(text, suffix):
+    """(kernel calls, the ProgramError or None) of reading and validating ``text``."""
+    with KernelCalls() as counter:
+        try:
+            if suffix == ".json" and '"magic"' in text[:200]:
+                convert_program(read_program_bytes(text.encode(), "bomb.json"))
+            elif suffix == ".json":
+                from_json(text, "bomb.json").validate()
+            else:
+                program_from_text(text, "bomb.ssa").validate()
+        except se.ProgramError as e:
+            return counter.calls, e
+    return counter.calls, None
+
+
+# --- native programs --------------------------------------------------------------------------
+
+def _var(name, shape, data=False):
+    return {"name": name, "shape": shape, "dtype": "float32", "persistable": False,
+            "is_parameter": False, "stop_gradient": True, "is_data": data}
+
+
+def _op(type, inputs, outputs, attrs):
+    return {"type": type, "inputs": inputs, "outputs": outputs, "attrs": attrs,
+            "role": "forward", "role_var": []}
+
+
+def _program(vars, ops):
+    return json.dumps({"schema": "ssaexec.program", "version": 1, "random_seed": 0,
+                       "name_counts": {}, "blocks": [{"idx": 0, "parent_idx": -1,
+                                                       "vars": vars, "ops": ops}]})
+
+
+def _rank_bomb(rank):
+    # issue 46: two rank-`rank` vars and one elementwise_add (5 on one axis: the slow path)
+    shape = [5] + [1] * (rank - 1)
+    return _program([_var("x", shape, True), _var("y", shape, True), _var("z", shape)],
+                    [_op("elementwise_add", {"X": ["x"], "Y": ["y"]}, {"Out": ["z"]}, {})])
+
+
+def _split(num, rows=2 ** 21, outs=2):
+    names = [f"o{k}" for k in range(outs)]
+    return _program([_var("x", [rows], True)] + [_var(n, [rows // max(outs, 1)]) for n in names],
+                    [_op("split", {"X": ["x"]}, {"Out": names}, {"num": num, "axis": 0})])
+
+
+def test_max_rank_is_a_limit_like_the_others(monkeypatch):
+    assert DEFAULTS["max_rank"] == 64 and get_limit("max_rank") >= 1
+    monkeypatch.setenv("SSAEXEC_MAX_RANK", "128")
+    assert ssaexec.limits._from_env()["max_rank"] == 128
+
+
+def test_a_rank_over_the_cap_is_refused_before_any_kernel_runs():
+    calls, err = _load_and_validate(_rank_bomb(2000), ".json")
+    assert err is not None and calls == 0
+    assert "has 2000 dimensions" in str(err) and "max_rank=64" in str(err)
+    assert "bomb.json:1:" in str(err) and "blocks[0].vars[0].shape" in str(err)
+    # the text form, the same
+    text = ("ssaexec-program v1 random_seed=0\n\nblock 0 parent=-1 {\n"
+            f"  var x : float32[{', '.join(['1'] * 65)}] data\n}}\n")
+    calls, err = _load_and_validate(text, ".ssa")
+    assert err is not None and calls == 0 and "65 dimensions" in str(err)
+    # at the cap it validates, with a handful of kernel calls
+    calls, err = _load_and_validate(_rank_bomb(64), ".json")
+    assert err is None and 0 < calls < 50
+
+
+def test_a_program_built_in_python_is_capped_by_validation():
+    main = se.Program()
+    block = main.global_block()
+    block.create_var("x", [1] * 70, "float32", is_data=True)
+    with pytest.raises(se.ProgramError, match="70 dimensions, more than a tensor may have"):
+        main.validate()
+    with limits(max_rank=80):
+        main.validate()
+
+
+@pytest.mark.parametrize("attr, value, message", [
+    ("shape", [1] * 65, "attribute 'shape'"),
+    ("axis", list(range(65)), "attribute 'axis'"),
+])
+def test_a_per_dimension_attribute_over_the_cap_is_refused_when_read(attr, value, message):
+    op_type = "reshape" if attr == "shape" else "transpose"
+    text = _program([_var("x", [1], True), _var("y", [1])],
+                    [_op(op_type, {"X": ["x"]}, {"Out": ["y"]}, {attr: value})])
+    calls, err = _load_and_validate(text, ".json")
+    assert err is not None and calls == 0
+    assert message in str(err) and "max_rank" in str(err) and f"attrs.{attr}" in str(err)
+
+
+def test_the_rank_rule_reads_per_dimension_lists_only():
+    assert rank_attr_problem({"shape": [1] * 64, "values": [0.0] * 10000}) is None
+    assert rank_attr_problem({"sections": [1] * 1000, "tensors": ["X[0]"] * 100}) is None
+    assert rank_attr_problem({"paddings": [0] * 128}) is None  # two per dimension
+    name, message = rank_attr_problem({"paddings": [0] * 130})
+    assert name == "paddings" and "65 dimensions" in message
+    name, _ = rank_attr_problem({"shapes": [[1, 2], [1] * 65]})
+    assert name == "shapes"
+
+
+@pytest.mark.parametrize("op_type, attrs, shape, outs, message", [
+    ("split", {"num": 2 ** 21, "axis": 0}, [2 ** 21], 2, "num=2097152 makes 2097152 results"),
+    ("split", {"num": 2 ** 31, "axis": 0}, [-1], 2, "num=2147483648 makes"),
+    ("split", {"num": 3, "axis": 0}, [2], 3, "larger than the size 2 of axis 0"),
+    ("split", {"num": 0, "axis": 0}, [4], 2, "split needs num >= 1"),
+    ("split", {"sections": [1, 1, 1], "axis": 0}, [3], 2, "3 sections makes 3 results"),
+    ("aten.unbind.int", {"self": "X[0]", "dim": 0}, [2 ** 21], 2, "unbinding a dimension of "
+                                                                   "size 2097152"),
+    ("aten.split.Tensor", {"self": "X[0]", "split_size": 1}, [2 ** 21], 2, "split_size=1"),
+    ("aten.split_with_sizes.default", {"self": "X[0]", "split_sizes": [1] * 5}, [5], 2,
+     "5 split_sizes makes 5 results"),
+])
+def test_a_count_over_its_outputs_is_refused_before_inference(op_type, attrs, shape, outs,
+                                                              message):
+    names = [f"o{k}" for k in range(outs)]
+    text = _program([_var("x", shape, True)] + [_var(n, None) for n in names],
+                    [_op(op_type, {"X": ["x"]}, {"Out": names}, attrs)])
+    calls, err = _load_and_validate(text, ".json")
+    assert err is not None and calls == 0, err
+    assert message in str(err) and "block 0, op 0" in str(err) and "bomb.json:" in str(err)
+
+
+def test_counts_that_fit_still_validate():
+    names = ["a", "b", "c", "d"]
+    text = _program([_var("x", [8, 3], True)] + [_var(n, [2, 3]) for n in names],
+                    [_op("split", {"X": ["x"]}, {"Out": names}, {"num": 4, "axis": 0})])
+    calls, err = _load_and_validate(text, ".json")
+    assert err is None and calls > 0
+    assert count_problem("aten.split.Tensor", {"self": "X[0]", "split_size": 3}, {"X": [[8]]},
+                         {"Out": ["a", "b", "c"]}) is None
+    assert count_problem("aten.unbind.int", {"self": "X[0]"}, {"X": [[-1, 4]]},
+                         {"Out": ["a"]}) is None  # unknown size: probed as 5 and 7
+
+
+def test_validation_work_grows_with_the_file_not_faster():
+    # kernel calls per byte stay flat from 10 to 1,000 outputs of one split, and from 10 to
+    # 400 distinct elementwise ops (no cache hit: each has its own shape)
+    def split_file(n):
+        names = [f"o{k}" for k in range(n)]
+        return _program([_var("x", [n, 3], True)] + [_var(m, [1, 3]) for m in names],
+                        [_op("split", {"X": ["x"]}, {"Out": names}, {"num": n, "axis": 0})])
+
+    def chain_file(n):
+        vars, ops = [], []
+        for k in range(n):
+            vars += [_var(f"x{k}", [k + 1, 3], True), _var(f"y{k}", [k + 1, 3])]
+            ops.append(_op("relu", {"X": [f"x{k}"]}, {"Out": [f"y{k}"]}, {}))
+        return _program(vars, ops)
+
+    for make, sizes in ((split_file, (10, 100, 1000)), (chain_file, (10, 100, 400))):
+        ratios = []
+        for n in sizes:
+            text = make(n)
+            calls, err = _load_and_validate(text, ".json")
+            assert err is None, err
+            ratios.append(calls / len(text))
+        assert max(ratios) <= 1.5 * min(ratios) and max(ratios) < 0.1, ratios
+
+
+# --- Paddle: PIR and legacy --------------------------------------------------------------------
+
+def _pir(change):
+    doc = json.loads((PIR / "ops.json").read_text())
+    ops = doc["program"]["regions"][0]["blocks"][0]["ops"]
+    change(ops)
+    return json.dumps(doc)
+
+
+def _set_rank(ops, rank):
+    param = next(o for o in ops if o["#"] == "p")
+    param["O"]["TT"]["D"][1] = [1] * rank
+
+
+def _set_num(ops, num):
+    next(o for o in ops if o["#"] == "1.split_with_num")["A"][0]["AT"]["D"] = num
+
+
+def test_pir_rank_and_split_bombs_are_refused_at_once():
+    calls, err = _load_and_validate(_pir(lambda ops: _set_rank(ops, 1000)), ".json")
+    assert err is not None and calls == 0 and "1000 dimensions" in str(err)
+    assert "bomb.json:1:" in str(err) and "ops[0].O.TT.D[1]" in str(err)
+    calls, err = _load_and_validate(_pir(lambda ops: _set_num(ops, 2 ** 20)), ".json")
+    assert err is not None and calls == 0
+    assert "num=1048576 makes 1048576 parts, but the result lists 2 tensor types" in str(err)
+    assert "op 14 (pd_op.split_with_num)" in str(err)
+
+
+def _legacy_split(num=None, rank=None):
+    paddle_models = pytest.importorskip("paddle_models")
+    b = paddle_models.ProgramBuilder()
+    shape = [1] * rank if rank else [2 ** 21]
+    b.var("x", shape, need_check_feed=True, stop_gradient=True)
+    b.var("a", [1])
+    b.var("b", [1])
+    b.op("split", {"X": ["x"]}, {"Out": ["a", "b"]}, {"num": num or 2, "axis": 0,
+                                                      "sections": []})
+    return b.bytes()
+
+
+def test_legacy_rank_and_split_bombs_are_refused_at_once():
+    for data, message in ((_legacy_split(num=2 ** 21), "num=2097152 makes 2097152 results"),
+                          (_legacy_split(rank=2000), "2000 dimensions")):
+        with KernelCalls() as counter:
+            with pytest.raises(se.ProgramError, match=message) as info:
+                convert_program(read_program_bytes(data, "bomb.pdmodel"))
+        assert counter.calls == 0 and "bomb.pdmodel" in str(info.value)
+
+
+def test_the_command_line_refuses_bombs_with_exit_2(tmp_path, capsys):
+    files = {"rank.json": _rank_bomb(2000), "split.json": _split(2 ** 21),
+             "pir.json": _pir(lambda ops: _set_num(ops, 2 ** 20))}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        status = cli.main(["dump", str(path)])
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert status == 2 and len(lines) == 1, err
+        assert str(path) in lines[0] and "internal error" not in err and "Traceback" not in err
