@@ -46,7 +46,15 @@ writing them (``entering_vars``) only when a stamp differs: a step whose scopes
 nobody else wrote compares a few integers and checks nothing. Values a step's own
 kernels write are not entering values: validation and the kernel guards answer for
 them. Writing ``Scope.vars`` directly bypasses the stamp; it is the runtime's, not an
-API. ``bench/boundary_check.py`` measures the check against a step.
+API.
+
+Cost, and trusted programs. ``bench/boundary_check.py`` times it beside a step, on two
+CPU places: a load's check costs about 1-2 us per entering var and place (0.3 to 0.6 ms
+for ``small_resnet``'s 167 vars, 0.4-0.6 % of one of its steps; 0.03-0.13 ms for
+``from_torch`` and MLP programs, 1-4 % of one step), and a step that finds its stamps
+unchanged pays about 1 us. A program ssaexec built in this process
+(``ProgramDesc.trusted``) is checked all the same: a load happens once, not per step, so
+skipping it would save nothing measurable, and its values can still come from a file.
 """
 
 import torch
