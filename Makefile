@@ -126,7 +126,8 @@ validate-sim-published: $(STAMP)
 # `make test` runs it with 60 cases. It prints the number of cases tried. Then the kernel
 # fuzzer (tests/test_kernel_fuzz.py: every allowlisted ATen kernel with hostile values),
 # long: every mutation under every layout plus random pairs (`make test` samples it);
-# KERNEL_FUZZ_SEED=N varies its random draws.
+# KERNEL_FUZZ_SEED=N varies its random draws. Last, every structured mutation of every op of
+# the PIR fixtures (tests/test_pir_malformed.py; `make test` samples 40).
 FUZZ_EXAMPLES ?= 5000
 KERNEL_FUZZ_SEED ?= 0
 fuzz: $(STAMP)
@@ -134,6 +135,7 @@ fuzz: $(STAMP)
 		tests/test_fuzz.py
 	SSAEXEC_KERNEL_FUZZ=long SSAEXEC_KERNEL_FUZZ_SEED=$(KERNEL_FUZZ_SEED) $(BIN)/python -m pytest \
 		-q -s -p no:cacheprovider tests/test_kernel_fuzz.py -k no_allowlisted
+	SSAEXEC_PIR_FUZZ=long $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_pir_malformed.py -k fuzz
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -105,6 +105,8 @@ class Converter:
         # (forward type, slot, names) and (forward type, None, output name) -> positions in
         # ``forwards``: a grad op's candidates are looked up, not searched (``forward``)
         self._forward_index = {}
+        self._forward_slots = {}  # (forward type, slot) -> how many records have the slot
+        self._forward_count = {}  # forward type -> how many records
         self.feeds, self.fetches = [], []
         self.pairs = []
         self._tmp = 0
@@ -149,7 +151,9 @@ class Converter:
         pos = len(self.forwards)
         self.forwards.append(_Forward(paddle_op, ours, dict(ins), dict(outs)))
         index, f = self._forward_index, paddle_op
+        self._forward_count[f.type] = self._forward_count.get(f.type, 0) + 1
         for slot in {**f.outputs, **f.inputs}:
+            self._forward_slots[f.type, slot] = self._forward_slots.get((f.type, slot), 0) + 1
             key = (f.type, slot, tuple(f.inputs.get(slot) or f.outputs.get(slot) or ()))
             index.setdefault(key, []).append(pos)
         for names in f.outputs.values():
@@ -168,11 +172,21 @@ class Converter:
         # every forward op that can match shares a slot's names with the grad op, or has
         # an output whose gradient the grad op reads: gather those, then apply the rule
         index, candidates = self._forward_index, set()
-        for slot, names in grad_op.inputs.items():
-            candidates.update(index.get((ftype, slot, tuple(names)), ()))
-            if slot.endswith(GRAD_SUFFIX):
-                for n in names:
-                    candidates.update(index.get((ftype, None, n.split(GRAD_SUFFIX)[0]), ()))
+        # a slot every record of the type has must agree in a match: its bucket alone holds
+        # every candidate (the smallest such bucket, so many ops reading one var stay cheap)
+        total = self._forward_count.get(ftype, 0)
+        buckets = [index.get((ftype, slot, tuple(names)), ())
+                   for slot, names in grad_op.inputs.items()
+                   if total and self._forward_slots.get((ftype, slot), 0) == total]
+        if buckets:
+            candidates.update(min(buckets, key=len))
+        else:
+            for slot, names in grad_op.inputs.items():
+                candidates.update(index.get((ftype, slot, tuple(names)), ()))
+                if slot.endswith(GRAD_SUFFIX):
+                    for n in names:
+                        candidates.update(index.get((ftype, None, n.split(GRAD_SUFFIX)[0]),
+                                                    ()))
         # the latest match wins: look from the newest (Paddle's backward runs in reverse,
         # so the match is usually the first candidate looked at)
         grads = {n.split(GRAD_SUFFIX)[0] for s, ns in grad_op.inputs.items()
