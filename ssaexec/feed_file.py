@@ -93,7 +93,7 @@ def read_feed_file(path, program):
             raise FeedError(f"{path}: the file is empty, not an .npz feed file")
         try:
             archive = zipfile.ZipFile(f)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        except (zipfile.LargeZipFile, ValueError) + _READ_ERRORS as e:
             raise FeedError(f"{path}: not an .npz feed file (not a zip archive: {e})") from None
         with archive:
             members = [_check_member(archive, info, path, program)
@@ -109,7 +109,8 @@ def _infos(archive, path):
     seen = set()
     for info in infos:
         name = info.filename
-        if info.is_dir() or not name.endswith(".npy") or len(name) == 4 or "/" in name:
+        # (not info.is_dir(): it indexes the name, and a damaged directory may give "")
+        if not name.endswith(".npy") or len(name) == 4 or "/" in name or "\\" in name:
             raise FeedError(f"{path}: member {_clip(name)} is not an array (an .npz holds "
                             "only NAME.npy members, one per data var)")
         if name in seen:

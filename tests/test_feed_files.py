@@ -263,3 +263,40 @@ def test_the_cli_trains_the_same_on_big_endian_feeds(cli, tmp_path):
         assert res.status == 0, res
         runs.append(_losses(res.out))
     assert len(runs[0]) == 3 and runs[0] == runs[1], runs
+
+
+def test_damaged_files_are_feed_errors_or_good_arrays(tmp_path, program):
+    """Bytes changed, cut out or put in anywhere (a seeded sample of damage to the four
+    compressions zipfile has): every outcome is a FeedError or arrays that passed every
+    check, never another exception."""
+    rng = np.random.default_rng(7)
+    x, y = _xy(5)
+    seeds = [_npz(tmp_path / f"seed{c}.npz", [("x.npy", _npy(x)),
+                                              ("y.npy", _npy(y.astype(">f4")))], c).read_bytes()
+             for c in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2,
+                       zipfile.ZIP_LZMA)]
+    path = tmp_path / "damaged.npz"
+    outcomes = {"refused": 0, "read": 0}
+    for _ in range(400):
+        data = bytearray(seeds[rng.integers(len(seeds))])
+        for _ in range(rng.integers(1, 5)):
+            k = int(rng.integers(len(data)))
+            what = rng.random()
+            if what < 0.6:
+                data[k] = int(rng.integers(256))
+            elif what < 0.8:
+                del data[k:k + int(rng.integers(1, 20))]
+            else:
+                data[k:k] = rng.integers(0, 256, int(rng.integers(1, 8)), np.uint8).tobytes()
+        path.write_bytes(bytes(data))
+        try:
+            got = read_feed_file(path, program)
+        except FeedError as e:
+            assert str(e).startswith(f"{path}: "), str(e)
+            outcomes["refused"] += 1
+            continue
+        outcomes["read"] += 1
+        for name, array in got.items():  # what was read passed the checks it claims
+            assert array.dtype == np.float32 and array.dtype.isnative, name
+            assert array.shape[1:] == {"x": (13,), "y": (1,)}[name], (name, array.shape)
+    assert outcomes["refused"] > 300, outcomes
