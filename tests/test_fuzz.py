@@ -3,7 +3,7 @@
 A hypothesis-driven mutator takes valid programs in both formats (the example
 programs of ``examples/``, a small ATen program with size expressions, and the
 file-writing ``aten.from_file`` program of issue 14), two Paddle programs
-(protobuf, tests/paddle_models.py) and two Paddle 3 PIR programs (JSON,
+(protobuf, tests/paddle_models.py) and three Paddle 3 PIR programs (JSON,
 tests/fixtures/paddle/pir) and truncates them, flips,
 inserts and deletes bytes, copies spans, grows numbers to thousands of digits,
 nests brackets thousands deep and splices in tokens that matter (denied ATen
@@ -90,7 +90,8 @@ def _seeds():
                   ".json"))
     # Paddle 3 PIR programs (JSON, told from ours by content): written by Paddle 3.3.1
     pir = ROOT / "tests" / "fixtures" / "paddle" / "pir"
-    seeds += [((pir / name).read_bytes(), ".json") for name in ("static_mlp.json", "cnn.json")]
+    seeds += [((pir / name).read_bytes(), ".json")
+              for name in ("static_mlp.json", "cnn.json", "ops.json")]
     try:  # Paddle programs (protobuf): a training program and an inference model
         import paddle_models
         seeds += [(paddle_models.mlp("adam").main, ".pdprog"),
@@ -122,6 +123,7 @@ TOKENS = [s.encode() for s in [
     "{", "}", "[", "]", "(", ")", ",", "=", ":", '"', "\\", "\n", "#",
     '{"%":0}', '{"%":99999}', '"9.conv2d"', '"1.while"', '"0.t_vec"', '"0.a_scalar"',
     '{"#":"0.t_f32"}', '"version":99', '[4294967296,4294967296]', '"regions":[{}]',
+    '"num"', '"SAME"', '{"#":"0.a_i32","D":2097152}',
 ]]
 
 
@@ -158,6 +160,11 @@ VALUES = [s.encode() for s in [
     '{"x": 1}', "null", "true", "false", "[null]", "[[]]", '[["s0", 0, 9]]', '[["s0", 5, 0]]',
     '[["s1", 0, 0]]', '["s0", 0]', '"X[0]"', '"X[1]"', "[1, 2.5, \"a\"]", "-1", "2.5",
     "[-1, 4]", "[2147483648]", "block(1)", "block(0)", "[block(1)]",
+    # PIR attribute values and types of the wrong kind (issue 46: these once ended in
+    # internal errors): an int where a list goes, a list where a string goes ...
+    '{"#":"0.a_i32","D":0}', '{"#":"0.a_str","D":"SAME"}', '{"#":"0.a_array","D":[]}',
+    '{"#":"0.a_array","D":[{"#":"0.a_str","D":"a"}]}', '{"#":"1.a_intarray","D":[0,0]}',
+    '{"#":"NULL"}', '{"#":"0.t_vec","D":[]}', '{"%":0}', "[" + ", ".join(["1"] * 65) + "]",
 ]]
 _VALUE = re.compile(rb'-?[0-9][0-9.eE+-]*|"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b|\bnull\b')
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_.@]*")

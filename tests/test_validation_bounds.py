@@ -262,3 +262,24 @@ def test_the_command_line_refuses_bombs_with_exit_2(tmp_path, capsys):
         lines = err.strip().splitlines()
         assert status == 2 and len(lines) == 1, err
         assert str(path) in lines[0] and "internal error" not in err and "Traceback" not in err
+
+
+# --- trace files (ssaexec viz --trace) ----------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 0, "dur": NaN, "args": {"op_id": 0}}]}',
+     "traceEvents[0].dur: NaN is not standard JSON"),
+    ('{"traceEvents": [' + "[" * 100000 + "]" * 100000 + "]}",
+     "nested more than 64 deep (the limit max_nesting)"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1e999, "dur": 1}]}', "1e999 is out of range"),
+    ('{"traceEvents": [{"ph": "X", "ts": ' + "9" * 100 + ', "dur": 1}]}', "100 digits"),
+])
+def test_a_hostile_trace_is_a_clean_exit_2(tmp_path, capsys, text, message):
+    trace = tmp_path / "trace.json"
+    trace.write_text(text)
+    status = cli.main(["viz", str(ROOT / "examples" / "seed_mlp.json"), "-o",
+                       str(tmp_path / "g.html"), "--trace", str(trace)])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err and f"{trace}:1:" in err and "internal error" not in err
+    assert not (tmp_path / "g.html").exists()
