@@ -124,10 +124,12 @@ def main(argv=None):
         line = (f"python {py:5}  torch {tv:7}  passed {passed:5}  failed {failed:3}  "
                 f"seconds {secs:6.0f}")
         print(line, flush=True)
-        rows.append(failed)
-    print(f"test-matrix: {sum(1 for f in rows if not f)} of {len(rows)} cells green "
+        rows.append((passed, failed))
+    print(f"test-matrix: {sum(1 for _, f in rows if not f)} of {len(rows)} cells green "
           f"(logs: .venv-matrix/py<python>-<torch>.log)")
-    return 1 if any(rows) else 0
+    # the plain closing line a CI log reader counts
+    print(f"{sum(p for p, _ in rows)} passed, {sum(f for _, f in rows)} failed")
+    return 1 if any(f for _, f in rows) else 0
 
 
 if __name__ == "__main__":

@@ -174,10 +174,21 @@ def _per_tensor(op):
     return run
 
 
+def _foreach_clone_fallback(tensors):
+    # torch 2.11 has no _foreach_clone: one fused multiply by 1 makes the copies (x * 1 is
+    # x exactly in IEEE arithmetic: infinities, NaN and -0.0 too), one launch like the
+    # clone it stands for; the per-tensor loop where even that is missing
+    mul = getattr(torch, "_foreach_mul", None)
+    if mul is None or not tensors:
+        return [t.clone() for t in tensors]
+    return mul(list(tensors), 1)
+
+
 for _op in FOREACH_USED:
     # _foreach_clone: torch 2.13 (2.11 lacks it)
     _feature(f"foreach.{_op}", f"torch._foreach_{_op}", "2.13" if _op == "clone" else "2.0",
-             f"the fused optimizer update (torch._foreach_{_op})", _per_tensor(_op))
+             f"the fused optimizer update (torch._foreach_{_op})",
+             _foreach_clone_fallback if _op == "clone" else _per_tensor(_op))
 
 
 def foreach(op):

@@ -110,15 +110,21 @@ def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():
 def test_amp_and_accumulation_under_the_compiler_equal_the_compiled_path(amp, overflow_at):
     """AMP with two micro-batches per update, float32: the same casts, the same
     accumulation, and under fp16 the same loss scaling and skipped overflowing update;
-    Inductor may order float32 sums differently, hence 1e-4 (issue 32)."""
+    Inductor may order float32 sums differently, hence 1e-4 (issue 32). Under bf16,
+    torch 2.11's Inductor rounds some bf16 intermediates of the backward at other points
+    than the eager kernels (emulate_precision_casts notwithstanding; 2.13 and 2.14 agree
+    to 3e-8): the gradients differ by bf16 rounding (2^-8), and after the Adam updates the
+    parameters by 1.6e-4, so bf16 allows 1e-3, a tenth of one update (lr 0.01): a missing
+    or doubled update still fails (issue 47)."""
     kw = dict(dtype="float32", amp=amp, overflow_at=overflow_at,
               build=se.BuildStrategy(gradient_accumulation_steps=2, fuse_all_reduce_ops=True))
     lrs = (None,) * 4
     ref_losses, ref_params, _ = _train(se.optimizer.Adam(0.01), 1, None, lrs, **kw)
     losses, params, lowering = _train(se.optimizer.Adam(0.01), 1, "inductor", lrs, **kw)
     assert lowering.fallbacks == [] and lowering.compiles >= 2
-    assert _close(losses, ref_losses, 1e-4)
-    assert _close(params.values(), ref_params.values(), 1e-4)
+    tol = 1e-3 if amp == "bf16" else 1e-4
+    assert _close(losses, ref_losses, tol)
+    assert _close(params.values(), ref_params.values(), tol)
     if overflow_at is not None:
         assert float(params["skipped"]) >= 1
         # fp16's unscale is an ATen fallback returning a list, which the C++ wrapper

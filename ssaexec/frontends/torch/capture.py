@@ -373,9 +373,9 @@ def _refuse_cumulative_batch_norm(module):
                 "momentum (e.g. 0.1)")
 
 
-def _export(wrapper, inputs, dims, trace_joint):
-    """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
-    aot_export_module = compat.aot_export_module
+def _fake_inputs(inputs, dims):
+    """``(fake_mode, fakes)``: a fake mode with a shape env of its own and the inputs as
+    fakes whose dimensions named in ``dims`` are symbols."""
     fake_mode = compat.fake_tensor_mode(shape_env=compat.shape_env())
     fakes, first = [], {}
     for name, t in inputs.items():
@@ -390,12 +390,18 @@ def _export(wrapper, inputs, dims, trace_joint):
             else:
                 first[label] = fake.shape[d]
         fakes.append(fake)
+    return fake_mode, fakes
+
+
+def _export(wrapper, inputs, dims, trace_joint):
+    """``(gm, signature)`` of ``aot_export_module`` on fake inputs and fake module state."""
+    aot_export_module = compat.aot_export_module
     # every (table, key) holding a parameter or buffer, with its real tensor
     swapped = [(table, key, real) for mod in wrapper.modules()
                for table in (mod._parameters, mod._buffers)
                for key, real in list(table.items()) if real is not None]
 
-    def trace():
+    def trace(fakes):
         if trace_joint:
             return aot_export_module(wrapper, fakes, trace_joint=True, output_loss_index=0,
                                      decompositions=decompositions())
@@ -403,6 +409,7 @@ def _export(wrapper, inputs, dims, trace_joint):
                                  decompositions=decompositions())
 
     try:
+        fake_mode, fakes = _fake_inputs(inputs, dims)
         _swap_in_fakes(swapped, fake_mode)
         # Inside the fake mode: the export re-traces its joint graph with make_fx, and factory
         # ops with symbolic sizes (an LSTM's zero state) must not reach real kernels there.
@@ -412,18 +419,25 @@ def _export(wrapper, inputs, dims, trace_joint):
         # and builds the causal mask with tensor ops instead).
         with fake_mode, export_state():
             try:
-                return trace()
+                return trace(fakes)
             except Exception as e:  # noqa: BLE001 - one kind is retried, the rest re-raised
                 if not (trace_joint and _no_gradient(e)):
                     raise
-            # A parameter name the forward never reads (an unused layer, or the first name
-            # of a tied embedding that only its aliases read: T5's and BART's `shared`) gets
-            # no gradient, which the joint export refuses. Find those names with a fake
-            # forward and backward, and trace again with them frozen, each name its own fake
-            # (the lowering sums a tied parameter's parts).
-            _swap_in_fakes(swapped, fake_mode, frozen=_unread(wrapper, fakes, swapped,
-                                                              fake_mode))
-            return trace()
+        # A parameter name the forward never reads (an unused layer, or the first name
+        # of a tied embedding that only its aliases read: T5's and BART's `shared`) gets
+        # no gradient, which the joint export refuses. Find those names with a fake
+        # forward and backward, and trace again with them frozen, each name its own fake
+        # (the lowering sums a tied parameter's parts). The probe and the new trace each
+        # get a shape env of their own: what the failed trace and the probe's eager
+        # backward recorded (torch 2.11's embedding backward fixes the batch) must not
+        # reach the trace.
+        probe_mode, probe_fakes = _fake_inputs(inputs, dims)
+        with probe_mode, export_state():
+            frozen = _unread(wrapper, probe_fakes, swapped, probe_mode)
+        fake_mode, fakes = _fake_inputs(inputs, dims)
+        _swap_in_fakes(swapped, fake_mode, frozen=frozen)
+        with fake_mode, export_state():
+            return trace(fakes)
     except ProgramError:
         raise
     except Exception as e:  # noqa: BLE001 - every capture failure becomes a ProgramError
