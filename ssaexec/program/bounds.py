@@ -106,7 +106,8 @@ def count_problem(op_type, attrs, in_shapes, outputs):
     outputs : dict
         Output slot -> list of var names.
     """
-    named = len(outputs.get("Out") or [])
+    names = outputs.get("Out") or []
+    named = len(names)
     if op_type == "split":
         x = (in_shapes.get("X") or [None])[0]
         axis = attrs.get("axis", 0)
@@ -116,17 +117,18 @@ def count_problem(op_type, attrs, in_shapes, outputs):
             count, what = len(sections), f"{len(sections)} sections"
         elif _int(num):
             if num < 1:
-                return f"attribute 'num' is {num}; split needs num >= 1 or a 'sections' list"
+                return (f"attribute 'num' is {num}; hint: split needs num >= 1 or a "
+                        "'sections' list")
             if size is not None and num > size:
                 return (f"attribute 'num' ({num}) is larger than the size {size} of axis "
-                        f"{axis} it splits")
+                        f"{axis} it splits; hint: num must divide that size")
             count, what = num, f"num={num}"
         else:
             return None  # a wrong type: the attribute check reports it
-        return _named(count, what, named)
+        return _named(count, what, names)
     if op_type == "aten.split_with_sizes.default":
         sizes = attrs.get("split_sizes")
-        return _named(len(sizes), f"{len(sizes)} split_sizes", named) \
+        return _named(len(sizes), f"{len(sizes)} split_sizes", names) \
             if isinstance(sizes, list) else None
     if op_type in ("aten.split.Tensor", "aten.unbind.int"):
         size = _dim(_ref_shape(attrs.get("self"), in_shapes.get("X") or []),
@@ -134,20 +136,23 @@ def count_problem(op_type, attrs, in_shapes, outputs):
         if size is None:
             return None  # unknown: probed as 5 and 7, at most 7 results
         if op_type == "aten.unbind.int":
-            return _named(size, f"unbinding a dimension of size {size}", named)
+            return _named(size, f"unbinding a dimension of size {size}", names)
         step = attrs.get("split_size")
         if _int(step) and step > 0:
             return _named(max(1, -(-size // step)), f"split_size={step} of a dimension of "
-                                                     f"size {size}", named, at_most=True)
+                                                     f"size {size}", names, at_most=True)
         if not _int(step) and size > named:  # a size expression: as many as `size` results
             return (f"split_size {str(step)[:40]!r} is computed at run time and may cut the "
                     f"dimension of size {size} into up to {size} results, but the op names "
-                    f"{named} output vars")
+                    f"{named} output vars; hint: name one var per result, or give a literal "
+                    "split_size")
     return None
 
 
-def _named(count, what, named, at_most=False):
-    if count == named or (at_most and count <= named):
+def _named(count, what, names, at_most=False):
+    # the wording of validation's own check after inference, which this one anticipates
+    if count == len(names) or (at_most and count <= len(names)):
         return None
-    return (f"{what} makes {count} results, but the op names {named} output vars in slot "
-            f"'Out'; hint: name one var per result")
+    shown = repr(names) if len(names) <= 8 else repr(names[:8])[:-1] + ", ...]"
+    return (f"output slot 'Out' lists {len(names)} vars {shown} but the op produces {count} "
+            f"({what}); hint: list one var per produced value")
