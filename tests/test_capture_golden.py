@@ -1,8 +1,8 @@
 """``from_torch`` imports one module as one program on every supported torch (issue 47).
 
 A few small modules, each a construct whose trace differs between torch versions
-(scaled_dot_product_attention's overloads and dtypes, a shared embedding, batch norm,
-a conv), are imported, and each program's summary (every op of the main block in
+(scaled_dot_product_attention's overloads and dtypes, tied and shared embeddings (the
+no-gradient retry), batch norm, a conv), are imported, and each program's summary (every op of the main block in
 order: its type, its inputs' dtypes, its outputs' dtypes and shapes; no var names,
 which torch numbers as it likes) must equal the golden one in
 tests/fixtures/capture_golden.json. The same file holds on torch 2.11, 2.13 and 2.14
@@ -75,6 +75,21 @@ class TiedLM(torch.nn.Module):
         return self.head(self.norm(self.emb(ids)))
 
 
+class SharedEmbedding(torch.nn.Module):
+    """T5's and BART's layout: ``shared`` is registered first and read only through its
+    aliases; ``spare`` is never read (the capture's no-gradient retry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.Embedding(16, 8)
+        self.enc, self.head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16, bias=False)
+        self.enc.weight = self.head.weight = self.shared.weight
+        self.spare = torch.nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.enc(ids)))
+
+
 def _lm_loss(logits, target):
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
@@ -93,6 +108,9 @@ def _cases():
                      {"x": torch.randn(B, 5, 8, generator=g, dtype=torch.float64)}, None),
         "tied_lm": (TiedLM, {"ids": ids, "target": torch.randint(0, 16, (B, 5), generator=g)},
                     _lm_loss),
+        "shared_embedding": (lambda: SharedEmbedding().double(),
+                             {"ids": ids, "target": torch.randint(0, 16, (B, 5), generator=g)},
+                             _lm_loss),
         "tied_lm_f64": (lambda: TiedLM().double(),
                         {"ids": ids, "target": torch.randint(0, 16, (B, 5), generator=g)},
                         _lm_loss),
@@ -143,7 +161,7 @@ def test_write_golden():
 
 
 @pytest.mark.parametrize("name", ["mlp", "conv_bn", "sdpa", "sdpa_f64", "tied_lm",
-                                  "tied_lm_f64"])
+                                  "tied_lm_f64", "shared_embedding"])
 def test_program_matches_the_golden_summary_on_this_torch(name):
     golden = json.loads(GOLDEN.read_text())
     got = _current(name)
