@@ -347,6 +347,10 @@ VERSION_SIGNS = [
 ]
 
 
+# a module the interpreter lacks (a GPU machine's own python may have no pytest)
+MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")
+
+
 def version_cause(log):
     """The one-line torch-version cause of a failed part's ``log``, or None."""
     for sign in VERSION_SIGNS:
@@ -354,6 +358,12 @@ def version_cause(log):
         if m:
             return m.group(1).strip()
     return None
+
+
+def missing_module(log):
+    """The module a failed part's ``log`` says is not installed (not torch's), or None."""
+    m = MISSING_MODULE.search(log)
+    return m.group(1) if m and not m.group(1).startswith("torch") else None
 
 
 def run_part(part, timeout, logs):
@@ -388,9 +398,11 @@ def run_part(part, timeout, logs):
     rec["figures"] = figures(part, log)
     if status != "ok":
         rec["tail"] = log[-3000:]
-        cause = version_cause(log)
+        cause, missing = version_cause(log), missing_module(log)
         if cause:
             rec["status"], rec["version_cause"] = "failed (torch version)", cause
+        elif missing:
+            rec["status"] = f"failed (no module {missing} in this python)"
     return rec
 
 

@@ -189,3 +189,11 @@ def test_a_version_caused_failure_is_named_as_such():
     assert version_cause("ModuleNotFoundError: No module named 'torch._inductor.x'") \
         == "No module named 'torch._inductor.x'"
     assert version_cause("AssertionError: 3 != 4\nRuntimeError: CUDA error") is None
+
+
+def test_a_missing_module_is_named_and_torch_modules_are_left_to_the_version_cause():
+    from gpu_check import missing_module
+    assert missing_module("/usr/bin/python3: No module named pytest\n") == "pytest"
+    assert missing_module("ModuleNotFoundError: No module named 'cupy'") == "cupy"
+    assert missing_module("ModuleNotFoundError: No module named 'torch._inductor.x'") is None
+    assert missing_module("all good") is None
