@@ -299,7 +299,8 @@ def load_trace(path):
     A trace file is untrusted data like a program: it is read with the program
     reader's bounded JSON scan (``program.json_scan``: nesting within ``max_nesting``
     measured before parsing, no ``NaN``/``Infinity``, no overlong integers), so a
-    hostile trace is a ``ProgramError`` naming ``FILE:LINE:COL``, never a crash.
+    hostile trace is a ``ProgramError`` naming the file and ``FILE:LINE:COL``, never a
+    crash.
     """
     from ..program.json_scan import Malformed, check_values, decode_bounded, format_path, locate
     try:
@@ -309,13 +310,16 @@ def load_trace(path):
         raise SSAExecError(f"{path}: cannot read trace: {e.strerror or e}") from None
     except ValueError as e:  # not UTF-8
         raise SSAExecError(f"{path}: not a JSON trace: {e}") from None
-    doc = decode_bounded(text, str(path))
     try:
-        check_values(doc, [])
-    except Malformed as e:
-        line, col = locate(text, e.path)
-        raise ProgramError(f"{path}:{line}:{col}: {format_path(e.path)}: {e.message}") \
-            from None
+        doc = decode_bounded(text, str(path))
+        try:
+            check_values(doc, [])
+        except Malformed as e:
+            line, col = locate(text, e.path)
+            raise ProgramError(f"{path}:{line}:{col}: {format_path(e.path)}: {e.message}") \
+                from None
+    except ProgramError as e:
+        raise ProgramError(f"{path}: not a JSON trace ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise SSAExecError(f"{path}: not a Chrome trace (no 'traceEvents' list); write one "
                            "with 'ssaexec trace'")
