@@ -285,3 +285,12 @@ def test_a_hostile_trace_is_a_clean_exit_2(tmp_path, capsys, text, message):
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err and f"{trace}:1:" in err and "internal error" not in err
     assert not (tmp_path / "g.html").exists()
+
+
+def test_simulate_reads_a_hostile_profile_as_cleanly(tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"traceEvents": [' + "[" * 100000 + "]" * 100000 + "]}")
+    status = cli.main(["simulate", str(ROOT / "examples" / "seed_mlp.json"), "--profile",
+                       str(trace), "--no-plot"])
+    err = capsys.readouterr().err
+    assert status == 2 and "nested more than 64 deep" in err and "internal error" not in err

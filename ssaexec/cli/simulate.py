@@ -130,17 +130,17 @@ def register(add):
 
 
 def _profile(args, program, cluster):
-    import json
-
-    from ..errors import SSAExecError
+    from ..errors import ProgramError, SSAExecError
+    from ..program.json_scan import load_bounded
     from ..sim import Profile
     if args.profile:
         try:
             with open(args.profile, encoding="utf-8") as f:
-                doc = json.load(f)
+                # untrusted like a program: bounded nesting, finite numbers (json_scan)
+                doc = load_bounded(f.read(), args.profile)
         except OSError as e:
             raise UsageError(f"{args.profile}: cannot read: {e.strerror or e}") from None
-        except ValueError as e:
+        except (ValueError, ProgramError) as e:
             raise UsageError(f"{args.profile}: not JSON ({e})") from None
         if isinstance(doc, dict) and "costs" in doc:
             return Profile.from_dict(doc)

@@ -302,7 +302,7 @@ def load_trace(path):
     hostile trace is a ``ProgramError`` naming the file and ``FILE:LINE:COL``, never a
     crash.
     """
-    from ..program.json_scan import Malformed, check_values, decode_bounded, format_path, locate
+    from ..program.json_scan import load_bounded
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -311,13 +311,7 @@ def load_trace(path):
     except ValueError as e:  # not UTF-8
         raise SSAExecError(f"{path}: not a JSON trace: {e}") from None
     try:
-        doc = decode_bounded(text, str(path))
-        try:
-            check_values(doc, [])
-        except Malformed as e:
-            line, col = locate(text, e.path)
-            raise ProgramError(f"{path}:{line}:{col}: {format_path(e.path)}: {e.message}") \
-                from None
+        doc = load_bounded(text, str(path))
     except ProgramError as e:
         raise ProgramError(f"{path}: not a JSON trace ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):

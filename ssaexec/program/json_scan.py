@@ -22,7 +22,7 @@ from ..limits import get_limit
 __all__ = ["Malformed", "format_path", "is_int", "too_deep", "decode_bounded", "line_col",
            "READER",
            "check_values", "type_name", "expect", "short", "expect_object", "locate",
-           "set_op_positions"]
+           "set_op_positions", "load_bounded"]
 
 
 class Malformed(Exception):
@@ -90,6 +90,25 @@ def decode_bounded(text, source):
     except RecursionError:  # pragma: no cover - too_deep rules this out
         raise ProgramError(f"{source}: invalid JSON: nested too deeply") from None
 
+
+
+def load_bounded(text, source):
+    """Any JSON document (a trace, a profile), read as strictly as a program file.
+
+    ``decode_bounded`` then ``check_values``: nesting within ``max_nesting``, no
+    ``NaN``/``Infinity`` or overflowing numbers, no overlong integers, no duplicate
+    keys or unpaired surrogates. ``ProgramError`` naming ``SOURCE:LINE:COL`` and the
+    path of the value at fault otherwise.
+    """
+    from ..errors import ProgramError
+    doc = decode_bounded(text, source)
+    try:
+        check_values(doc, [])
+    except Malformed as e:
+        line, col = locate(text, e.path)
+        raise ProgramError(f"{source}:{line}:{col}: {format_path(e.path)}: {e.message}") \
+            from None
+    return doc
 
 def line_col(text, pos):
     return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1

@@ -413,12 +413,13 @@ def _alias_copies(graph, batch, repeats=5):
 def _load(trace):
     if isinstance(trace, dict):
         return trace
+    from ..program.json_scan import load_bounded
     try:
         with open(trace, encoding="utf-8") as f:
-            return json.load(f)
+            return load_bounded(f.read(), str(trace))  # bounded like a program file
     except OSError as e:
         raise SSAExecError(f"{trace}: cannot read the trace: {e.strerror or e}") from None
-    except ValueError as e:
+    except (ValueError, SSAExecError) as e:
         raise SSAExecError(f"{trace}: not a JSON trace ({e})") from None
 
 
