@@ -224,6 +224,9 @@ def _bn_program(channels, stats, mode="train"):
         return str(main), str(startup)
     new = "float32[1]" if stats == "declared" else "float32"
     main_text = str(main).replace(f"float32[{channels}] persistable", f"{new} persistable")
+    if stats == "declared":  # the saved statistics too, as the statistics make them
+        main_text = main_text.replace(f"float32[{channels}] stop_gradient",
+                                      "float32[1] stop_gradient")
     start_text = str(startup).replace(f"float32[{channels}] persistable",
                                       f"{new} persistable").replace(f"shape=[{channels}]",
                                                                     "shape=[1]")
@@ -317,8 +320,8 @@ def _pir_bn(channels, stats):
     data["A"][1]["AT"]["D"] = data["O"][0]["TT"]["D"][1] = shape
     bn["I"][0]["%"] = data["O"][0]["%"]
     bn["O"][0]["TT"]["D"][1] = fetch["O"][0]["TT"]["D"][1] = shape
-    for k in range(1, 5):
-        bn["O"][k]["TT"]["D"][1] = [channels]
+    for k in range(1, 5):  # the updated and saved statistics, as the statistics make them
+        bn["O"][k]["TT"]["D"][1] = [stats]
     fetch["I"][0]["%"] = bn["O"][0]["%"]
     doc["program"]["regions"][0]["blocks"][0]["ops"] = list(params.values()) + [data, bn, fetch]
     return json.dumps(doc), {n: torch.ones(stats) for n in sorted(params)}
@@ -334,8 +337,9 @@ def _pdmodel_bn(channels, stats, declared):
     prog = messages().ProgramDesc()
     prog.ParseFromString(m.main)
     bn = {"batch_norm_0.w_0", "batch_norm_0.b_0", "batch_norm_0.w_1", "batch_norm_0.w_2"}
+    saved = {"batch_norm_0.tmp_0", "batch_norm_0.tmp_1"}  # as the statistics make them
     for v in prog.blocks[0].vars:
-        if declared and v.name in bn:
+        if declared and v.name in bn | saved:
             del v.type.lod_tensor.tensor.dims[:]
             v.type.lod_tensor.tensor.dims.extend([stats])
     params = {k: torch.tensor(v)[:stats] if k in bn else torch.tensor(v)
