@@ -328,3 +328,56 @@ def test_the_command_line_refuses_misfit_values_with_exit_2(case, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ssaexec: error: "), proc.stderr
     assert expected in lines[0] and "internal error" not in lines[0], lines[0]
+
+
+# --- what steps write passes the same check (no false refusals) ----------------------------------
+
+def _checked_at_every_step(main, startup, loss, feed, places, compiled, **strategy):
+    build = se.BuildStrategy(**strategy.pop("build", {}))
+    es = se.ExecutionStrategy(compiled=compiled, **strategy)
+    with se.ParallelExecutor(places, main, startup, loss, scope=se.Scope(), exec_strategy=es,
+                             build_strategy=build) as pe:
+        for _ in range(2):
+            pe.run([], feed=feed)
+            for scope in pe.local_scopes:
+                scope.touch()  # as if written: the next step checks every entering value
+    scope = se.Scope()
+    exe = se.Executor(compiled=compiled)
+    exe.run(startup, scope=scope)
+    for _ in range(2):
+        exe.run(main, feed=feed, scope=scope)
+        scope.touch()
+
+
+def _mlp_case(k):
+    from ssaexec.models import build_mlp
+    from ssaexec.program import lr
+    opt = [lambda: se.optimizer.SGD(lr.StepDecay(0.1, step_size=1)),
+           lambda: se.optimizer.Momentum(lr.CosineAnnealing(0.1, T_max=4), momentum=0.9),
+           lambda: se.optimizer.Adam(lr.LinearWarmup(0.1, warmup_steps=2, start_lr=0.0,
+                                                     end_lr=0.1)),
+           lambda: se.optimizer.AdamW(0.1, weight_decay=0.01)][k]()
+    main, startup, loss = build_mlp(in_dim=6, hidden=(5,), optimizer=opt)
+    strategy = [{}, {"amp": "fp16"}, {"build": {"gradient_accumulation_steps": 2}},
+                {"build": {"zero_stage": 1}}][k]
+    return main, startup, getattr(loss, "name", loss), 6, strategy
+
+
+def _example_case(name):
+    main = se.load_program(EXAMPLES / f"{name}.json")
+    return main, se.load_program(EXAMPLES / f"{name}.startup.json"), "mean_0.tmp_0", 2, {}
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "readable"])
+@pytest.mark.parametrize("case", ["sgd-step", "momentum-cosine-fp16", "adam-warmup-accumulate",
+                                  "adamw-zero1", "small_resnet"])
+def test_what_steps_write_fits_the_declarations_on_meta_places(case, compiled):
+    # a value a kernel leaves on the host, or of another shape or dtype than declared,
+    # would be refused at the next check: optimizers, LR schedules, AMP, gradient
+    # accumulation, ZeRO and the batch-norm example, on meta places (a GPU's stand-in)
+    from ssaexec.synthetic import synthetic_feed
+    cases = ["sgd-step", "momentum-cosine-fp16", "adam-warmup-accumulate", "adamw-zero1"]
+    main, startup, loss, batch, strategy = _mlp_case(cases.index(case)) if case in cases \
+        else _example_case(case)
+    _checked_at_every_step(main, startup, loss, synthetic_feed(main, batch),
+                           [MetaPlace(0), MetaPlace(1)], compiled, **strategy)
