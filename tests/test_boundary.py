@@ -256,6 +256,30 @@ def test_set_var_and_scope_writes_are_checked_before_the_next_step():
         se.Executor().run(main, feed=_feed(), fetch_list=[loss], scope=scope)
 
 
+def test_a_value_only_a_sub_block_reads_is_checked_too():
+    from ssaexec.program.desc import BlockRef
+    prog = se.Program()
+    g = prog.global_block()
+    g.create_var("x", [-1, 3], "float32", is_data=True)
+    g.create_var("w", [3], "float32", persistable=True)  # read by the sub-block alone
+    g.create_var("y", [-1, 3], "float32")
+    g.append_op("scale", {"X": ["x"]}, {"Out": ["y"]}, {"scale": 1.0})
+    sub = prog.create_block(parent_idx=0)
+    sub.append_op("elementwise_mul", {"X": ["y"], "Y": ["w"]}, {"Out": ["y"]}, {"axis": -1})
+    g.append_op("conditional_block", {"Input": ["y"]}, {"Out": ["y"]},
+                {"sub_block": BlockRef(1)})
+    prog.validate()
+    scope = se.Scope()
+    scope.set_var("w", torch.full((3,), 2.0))
+    x = torch.ones(2, 3)
+    y, = se.Executor().run(prog, feed={"x": x}, fetch_list=["y"], scope=scope)
+    assert torch.equal(y, 2 * x)
+    scope.set_var("w", torch.full((5,), 2.0))
+    with pytest.raises(ProgramError, match=r"var 'w' from the scope .* has shape \[5\] but the "
+                                           r"program declares \[3\]"):
+        se.Executor().run(prog, feed={"x": x}, fetch_list=["y"], scope=scope)
+
+
 def test_the_scope_is_checked_once_per_load_not_at_every_step():
     main, startup, loss = _bn_programs()
     scope = se.Scope()

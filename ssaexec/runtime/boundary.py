@@ -149,11 +149,12 @@ def check_values(declared, values, source, device=None, moves=True):
 
 def entering_vars(program):
     """The vars of ``program``'s global block that an op reads before any op writes
-    them, in program order: the values a step takes from its scope."""
+    them, in program order: the values a step takes from its scope. A control op reads
+    what its sub-blocks read of the outer scope too (a sub-block falls back to it)."""
     block = program.global_block()
     written, seen, out = set(), set(), []
     for op in block.ops:
-        for n in op.input_names():
+        for n in _reads(program, op):
             if n not in written and n not in seen:
                 seen.add(n)
                 var = block.vars.get(n)
@@ -161,6 +162,25 @@ def entering_vars(program):
                     out.append(var)
         written.update(op.output_names())
     return tuple(out)
+
+
+def _reads(program, op):
+    """``op``'s input names, and those its sub-blocks read but do not declare."""
+    subs = op.sub_blocks()
+    if not subs:
+        return op.input_names()
+    names = list(op.input_names())
+    stack, visited = list(subs), set()
+    while stack:  # a loop, not recursion: nesting depth is the program's to choose
+        idx = stack.pop()
+        if idx in visited or not 0 <= idx < len(program.blocks):
+            continue
+        visited.add(idx)
+        sub = program.blocks[idx]
+        for inner in sub.ops:
+            names.extend(n for n in inner.input_names() if n not in sub.vars)
+            stack.extend(inner.sub_blocks())
+    return names
 
 
 def startup_source(startup, name):
