@@ -253,6 +253,26 @@ def test_legacy_rank_and_split_bombs_are_refused_at_once():
         assert counter.calls == 0 and "bomb.pdmodel" in str(info.value)
 
 
+def test_paddle_per_dimension_lists_over_the_cap_are_refused_at_the_op():
+    def long_shape(ops):
+        const = next(o for o in ops if o["#"] == "1.full_int_array")  # the reshape's shape
+        const["A"][0]["AT"]["D"] = [{"#": "0.a_i64", "D": 1}] * 65
+    calls, err = _load_and_validate(_pir(long_shape), ".json")
+    assert err is not None and calls == 0
+    assert "op 7 (pd_op.reshape)" in str(err) and "attribute 'shape'" in str(err)
+    assert "65 dimensions" in str(err)
+    paddle_models = pytest.importorskip("paddle_models")
+    b = paddle_models.ProgramBuilder()
+    b.var("x", [-1, 4], need_check_feed=True, stop_gradient=True)
+    b.var("y", [-1, 4])
+    b.op("transpose2", {"X": ["x"]}, {"Out": ["y"]}, {"axis": list(range(70))})
+    with KernelCalls() as counter:
+        with pytest.raises(se.ProgramError, match=r"bomb\.pdmodel: block 0, op 0 \(transpose2\): "
+                                                  r"attribute 'axis' \(70 entries"):
+            convert_program(read_program_bytes(b.bytes(), "bomb.pdmodel"))
+    assert counter.calls == 0
+
+
 def test_the_command_line_refuses_bombs_with_exit_2(tmp_path, capsys):
     files = {"rank.json": _rank_bomb(2000), "split.json": _split(2 ** 21),
              "pir.json": _pir(lambda ops: _set_num(ops, 2 ** 20))}

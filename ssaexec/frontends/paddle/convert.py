@@ -28,10 +28,10 @@ file says about feeding and fetching. The order of work, and its policy:
 Malformed ops are located errors: a mapping refuses what it cannot honour with
 ``Unsupported``, and any other Python error a malformed op provokes in its mapping
 (``ValueError``, ``TypeError``, ``ZeroDivisionError`` ...) is caught around that
-op and reported as a ``ProgramError`` naming it, never an internal error. Before
-step 5 runs shape inference, each op's per-dimension lists and count attributes
-are bounded (``ssaexec.program.bounds``); an op over a bound is left to
-validation, which reports it. Every step is linear in the program: the
+op and reported as a ``ProgramError`` naming it, never an internal error. Each
+emitted op's per-dimension lists and count attributes are bounded as it is
+emitted (``ssaexec.program.bounds``), so an op over a bound is refused naming the
+Paddle (or PIR) op, before step 5 runs any shape inference. Every step is linear in the program: the
 gradient writers and forward records are indexed once, not searched per pair.
 
 Only block 0 is converted: the ops that own sub-blocks (``while``,
@@ -118,6 +118,14 @@ class Converter:
             for n in names:
                 if n != EMPTY_VAR:
                     self._need_var(n)
+        # the bounds that keep inference linear (program.bounds), named at the Paddle op
+        bad = rank_attr_problem(attrs or {})
+        problem = bad[1] if bad else count_problem(
+            type, attrs or {}, {slot: [None if n == EMPTY_VAR else self.block.var(n).shape
+                                       for n in names] for slot, names in inputs.items()},
+            outputs)
+        if problem:
+            raise Unsupported(self.op, problem)
         role = _role(self.op.role)
         if role == "loss" and type != "fill_constant":
             role = "backward"
@@ -268,7 +276,7 @@ class Converter:
 
     def _zero_dim(self):
         # Paddle < 2.5 declared scalar reductions as [1]; our kernels give []
-        squeezed = set()
+        squeezed, inferred = set(), {}
         for op in self.block.ops:
             op_def = get_op_def(op.type, missing_ok=True)
             if op_def is None or op_def.is_grad or op.type == "fill_constant":
@@ -279,14 +287,13 @@ class Converter:
                 if any(v is None for v in vs):
                     break
                 specs[slot] = [(v.shape, v.dtype) for v in vs]
-            else:
-                # no inference beyond the bounds; validation reports the op that breaks one
-                if rank_attr_problem(op.attrs) or count_problem(
-                        op.type, op.attrs, {k: [sh for sh, _ in v] for k, v in specs.items()},
-                        op.outputs):
-                    continue
+            else:  # every op was bounded when emitted (``emit``): inference is linear
+                # a model repeats its layers: each distinct inference runs once
+                key = (op.type, repr(op.attrs), repr(specs), repr(op.outputs))
                 try:
-                    out = infer_outputs(op_def, op, specs) or {}
+                    out = inferred.get(key)
+                    if out is None:
+                        out = inferred[key] = infer_outputs(op_def, op, specs) or {}
                 except Exception:  # noqa: BLE001 - validation reports it properly below
                     continue
                 for slot, got in out.items():
