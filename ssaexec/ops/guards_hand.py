@@ -1,6 +1,6 @@
 """Kernel guards, the door of hand-written ops: ``kernel(op_type)``.
 
-A hand-written op (``ops.nn``, ``ops.math``, ``ops.sparse``, ``ops.loss``) that calls an
+A hand-written op (``ops.nn``, ``ops.math``, ``ops.sparse``) that calls an
 ATen overload takes it from ``kernel`` once, when its module is imported, and keeps it
 in a module constant: the hot path does no lookup. What it gets is the overload behind
 its guard, a ``HandWrittenOverload``, when ``ssaexec.ops.guards.TRUSTS`` lists it, else

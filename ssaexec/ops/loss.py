@@ -8,12 +8,7 @@ probability distribution per sample instead. The class axis is the last one for
 
 import torch
 
-from .guards_hand import kernel
 from .registry import register_op
-
-# the labels index the classes: checked off the CPU (a device-side assert there), by the
-# guard layer (ssaexec.ops.guards); torch's CPU kernel checks them itself
-_GATHER = kernel("aten.gather.default")
 
 _CE_ATTRS = {"soft_label": ("bool", False), "ignore_index": ("int", -100)}
 
@@ -25,7 +20,7 @@ def _pick(logp, label, ignore_index, axis):
     """
     lab = label if label.dim() == logp.dim() else label.unsqueeze(axis)
     ignored = lab == ignore_index
-    picked = _GATHER(logp, axis, torch.where(ignored, torch.zeros_like(lab), lab))
+    picked = logp.gather(axis, torch.where(ignored, torch.zeros_like(lab), lab))
     return torch.where(ignored, torch.zeros_like(picked), -picked)
 
 
