@@ -207,3 +207,12 @@ def ProgressBar(total, stream=None, enabled=True, width=28):  # noqa: N802 - a c
     """The CLI's progress bar: a ``Progress`` on a terminal only, erased by ``clear()``."""
     return Progress(total, stream=stream, enabled=enabled, plain=False, width=width, fill=".",
                     timer=False)
+
+
+def load_startup_file(path, program_path):
+    """A startup file; a Paddle parameter file is decoded against the program being run
+    (``frontends.paddle.params_startup``), never a file of the same stem beside it."""
+    from ..frontends.paddle import PARAMS_SUFFIX, params_startup
+    if str(path).lower().endswith(PARAMS_SUFFIX):
+        return params_startup(path, program_path)
+    return load_program_file(path)

@@ -21,7 +21,8 @@ import time
 
 from ..program.defaults import startup_for
 from ..program.distribute import MODES, transpile
-from .common import EXIT_FAILURE, EXIT_OK, UsageError, load_program_file, positive
+from .common import (EXIT_FAILURE, EXIT_OK, UsageError, load_program_file, load_startup_file,
+                     positive)
 
 __all__ = ["register", "transpile_args", "load_and_transpile"]
 
@@ -72,7 +73,9 @@ def transpile_args(p):
 def load_and_transpile(args):
     """(main, DistributedPrograms) of ``args.program`` as the options say."""
     main = load_program_file(args.program)
-    startup, _, _ = startup_for(main, args.program, args.startup, load=load_program_file)
+    # a .pdiparams startup is decoded against this program, never a sibling file
+    startup, _, _ = startup_for(main, args.program, args.startup,
+                                load=lambda p: load_startup_file(p, args.program))
     return main, transpile(main, args.trainers, args.pservers, startup, mode=args.mode,
                            split_threshold=args.split_threshold, timeout=args.timeout)
 

@@ -25,7 +25,8 @@ from ..program.defaults import loss_var, startup_for
 from ..runtime.scope import Scope
 from ..strategy import ExecutionStrategy
 from ..synthetic import synthetic_feed
-from .common import UsageError, build_strategy, load_program_file, places_from, positive
+from .common import (UsageError, build_strategy, load_program_file, load_startup_file,
+                     places_from, positive)
 
 __all__ = ["execution_options", "Setup", "setup", "print_header", "print_step", "throughput"]
 
@@ -91,22 +92,13 @@ def _startup(args, main):
         raise UsageError("--startup and --no-startup contradict each other")
     prog, path, added = startup_for(main, args.program, args.startup or None,
                                     search=not args.no_startup, learning_rate=args.lr,
-                                    load=lambda p: _load_startup(p, args.program))
+                                    load=lambda p: load_startup_file(p, args.program))
     if path is None:
         how = f"defaults for {len(added)} persistable vars (no startup program; see docs/cli.md)"
     else:
         how = str(path) + (f" (+ defaults for {len(added)} vars it leaves unset)" if added
                            else "")
     return prog, how
-
-
-def _load_startup(path, program_path):
-    """A startup file; a Paddle parameter file is decoded against the program being run
-    (``frontends.paddle.params_startup``), never a file of the same stem beside it."""
-    from ..frontends.paddle import PARAMS_SUFFIX, params_startup
-    if str(path).lower().endswith(PARAMS_SUFFIX):
-        return params_startup(path, program_path)
-    return load_program_file(path)
 
 
 class _Finetuned:
