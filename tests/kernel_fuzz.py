@@ -15,6 +15,16 @@ records every allowlisted ATen call with its arguments; the few overloads that
 eager torch does not reach are called directly. Every one of the 241 allowed
 overloads gets at least one seed.
 
+Hand-written ops (``--family hand``; issue 46). The registry's own kernels
+(``batch_norm``, ``conv2d``, ``lookup_table``, their grads, the auto-grad ``vjp``
+kernels ...) call ATen kernels on the program's values too. Their seeds are the
+cases of ``tests/op_cases.py`` and, for each, its grad op fed the forward's results and
+a gradient per output; each case calls the op's kernel (``get_op_def(type).kernel``),
+what both execution paths call. Their mutations change one input slot (statistics,
+saved statistics, gradients, ids: the same shape and value mutations, so a 1-element
+mean over 8 channels or a gradient of another batch size) or one attribute.
+``--family all`` (the default) runs both families.
+
 Mutations, one per case (``mutations``): index tensors set to out-of-range,
 negative and huge values; each tensor argument given another shape (one
 element short or long, empty, 0-d, flattened, an extra dimension), NaN/inf
@@ -41,9 +51,10 @@ Raising an exception is a pass: a ``ProgramError`` from a guard or policy
 ("refused"), or torch's own check ("error"). Results of ops whose values are
 undefined (``empty``-like ops) are compared by shape only.
 
-Run ``python tests/kernel_fuzz.py [--cases N] [--rounds R] [--unguarded]``
+Run ``python tests/kernel_fuzz.py [--sample N] [--rounds R] [--family F] [--unguarded]``
 to fuzz from the command line (``--unguarded`` drives the raw kernels, which
-is how the guards' table was found); ``tests/test_kernel_fuzz.py`` runs it.
+is how the guards' table was found; for hand-written ops it switches every guard
+off); ``tests/test_kernel_fuzz.py`` runs it.
 """
 
 import argparse

@@ -12,7 +12,7 @@ refusing a call torch's own models make fails the test.
 ``make test`` runs the seeds and 10 random mutations per op (about 3,800 cases, 2,700
 of them ATen calls, 1,100 hand-written ops; some 20 s). ``make fuzz`` sets
 ``SSAEXEC_KERNEL_FUZZ=long``: every mutation under each of the three layouts and 10
-random pairs of mutations per seed (about 80,000 cases, a few minutes);
+random pairs of mutations per seed (about 86,000 cases, a few minutes);
 ``SSAEXEC_KERNEL_FUZZ_SEED`` varies the random draws. Both print the counts.
 """
 
