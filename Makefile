@@ -78,7 +78,7 @@ test-fast: $(STAMP)
 # the supported torch range (docs/torch_versions.md): pytest -m "not slow" plus the
 # transformers zoo on torch 2.11.0, 2.13.0 and 2.14.1 (Python 3.11) and on the GPU
 # machines' pair (Python 3.12, torch 2.11.0), each in its own .venv-matrix/py<py>-<torch>
-# from the package index (downloads shared in ~/.cache/ssaexec-matrix-pip); one line a
+# from the package index (torch wheels kept in ~/.cache/ssaexec-matrix-wheels); one line a
 # cell. MATRIX_ARGS="--cells 3.11-2.11.0 --fast" picks cells / leaves the zoo out.
 MATRIX_ARGS ?=
 test-matrix:

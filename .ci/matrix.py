@@ -10,9 +10,12 @@ cell: Python, torch, passed, failed, seconds, and exits 1 when any cell failed.
 
 Policy:
 
-* a venv is made once (its ``.installed`` stamp) and reused; pip's downloads go to one
-  shared cache (``--cache-dir``, ``MATRIX_PIP_CACHE``, default
-  ``~/.cache/ssaexec-matrix-pip``), so a second checkout or a CI run installs from disk;
+* a venv is made once (its ``.installed`` stamp) and reused; torch and its CUDA
+  libraries are downloaded once into a shared wheelhouse (``MATRIX_WHEELS``, default
+  ``~/.cache/ssaexec-matrix-wheels``; pip's own HTTP cache stores nothing behind this
+  workplace's proxy) and installed from there with ``--no-index``, so a second checkout,
+  a CI run or the other Python's cell installs from disk (the CUDA libraries' wheels
+  are ``py3-none``: one copy serves Python 3.11 and 3.12);
 * the cells are the supported range's ends and the pinned version, plus the GPU
   machines' exact pair (Python 3.12, torch 2.11.0);
 * ``--cells 3.11-2.11.0,...`` picks cells; ``--fast`` leaves the zoo out;
@@ -29,8 +32,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CELLS = [("3.11", "2.11.0"), ("3.11", "2.13.0"), ("3.11", "2.14.1"), ("3.12", "2.11.0")]
-CACHE = os.environ.get("MATRIX_PIP_CACHE",
-                       str(pathlib.Path.home() / ".cache" / "ssaexec-matrix-pip"))
+WHEELS = os.environ.get("MATRIX_WHEELS",
+                        str(pathlib.Path.home() / ".cache" / "ssaexec-matrix-wheels"))
 # the extras the test suite needs (pyproject.toml's optional dependencies)
 EXTRAS = ".[test,bench,paddle]"
 
@@ -62,13 +65,19 @@ def install(py, torch_version, quiet=True):
     if stamp.exists():
         return python
     q = ["-q"] if quiet else []
-    pip = [str(python), "-m", "pip", "install", *q, "--cache-dir", CACHE]
+    pip = [str(python), "-m", "pip", "install", *q]
     base = interpreter(py)
     if base is None:
         raise SystemExit(f"test-matrix: no Python {py} here (python{py}); install it or pick "
                          "other cells with --cells")
     subprocess.run([base, "-m", "venv", str(venv)], check=True)
-    subprocess.run(pip + [f"torch=={torch_version}"], check=True)
+    # torch from the wheelhouse; what it lacks is downloaded into it first
+    offline = pip + ["--no-index", "--find-links", WHEELS, f"torch=={torch_version}"]
+    if subprocess.run(offline, capture_output=True).returncode != 0:
+        pathlib.Path(WHEELS).mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(python), "-m", "pip", "download", *q, "-d", WHEELS,
+                        f"torch=={torch_version}"], check=True)
+        subprocess.run(offline, check=True)
     subprocess.run(pip + ["-e", EXTRAS], check=True, cwd=ROOT)
     stamp.touch()
     return python
