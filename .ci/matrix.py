@@ -89,15 +89,18 @@ def _count(text, word):
 
 
 def pytest(python, args, log):
-    """``(passed, failed)`` of one pytest run (errors count as failed), output to ``log``."""
+    """``(passed, failed)`` of one pytest run (errors count as failed); its output goes to
+    ``log`` as it runs."""
     with open(log, "a") as out:
         out.write(f"$ {python} -m pytest {' '.join(args)}\n")
         out.flush()
+        start = out.tell()
         proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               *args], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-        out.write(proc.stdout)
-    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+                               *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    with open(log) as f:
+        f.seek(start)
+        lines = f.read().strip().splitlines()
+    tail = lines[-1] if lines else ""
     passed, failed = _count(tail, "passed"), _count(tail, "failed") + _count(tail, "error")
     if proc.returncode not in (0, 1) and not failed:
         failed = 1  # pytest itself failed (exit 2-4): count it
