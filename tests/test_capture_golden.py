@@ -106,6 +106,8 @@ def _cases():
         "sdpa": (Attention, {"x": torch.randn(B, 5, 8, generator=g)}, None),
         "sdpa_f64": (lambda: Attention().double(),
                      {"x": torch.randn(B, 5, 8, generator=g, dtype=torch.float64)}, None),
+        "sdpa_bf16": (lambda: Attention().to(torch.bfloat16),
+                      {"x": torch.randn(B, 5, 8, generator=g).to(torch.bfloat16)}, None),
         "tied_lm": (TiedLM, {"ids": ids, "target": torch.randint(0, 16, (B, 5), generator=g)},
                     _lm_loss),
         "shared_embedding": (lambda: SharedEmbedding().double(),
@@ -160,7 +162,7 @@ def test_write_golden():
     GOLDEN.write_text(json.dumps(_summaries(), indent=1) + "\n")
 
 
-@pytest.mark.parametrize("name", ["mlp", "conv_bn", "sdpa", "sdpa_f64", "tied_lm",
+@pytest.mark.parametrize("name", ["mlp", "conv_bn", "sdpa", "sdpa_f64", "sdpa_bf16", "tied_lm",
                                   "tied_lm_f64", "shared_embedding"])
 def test_program_matches_the_golden_summary_on_this_torch(name):
     golden = json.loads(GOLDEN.read_text())

@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from ..compat import SDPA_CPU, SDPA_CPU_BACKWARD
+
 __all__ = ["PORTABLE", "PortableOverload", "portable"]
 
 
@@ -104,9 +106,8 @@ def _flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropo
 
 
 PORTABLE = {
-    "aten._scaled_dot_product_flash_attention_for_cpu.default": _flash_attention,
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default":
-        _flash_attention_backward,
+    SDPA_CPU: _flash_attention,
+    SDPA_CPU_BACKWARD: _flash_attention_backward,
 }
 
 

@@ -498,8 +498,9 @@ def normalise(gm):
 
     * ``aten._scaled_dot_product_flash_attention_for_cpu``: torch 2.11's fake kernel
       says the logsumexp (result 1) is float32 whatever the query's dtype, while the
-      CPU kernel returns it in the query's dtype (torch 2.13 says so too); the
-      declared dtype follows the kernel.
+      CPU kernel returns it in its accumulation dtype, the query's promoted to at least
+      float32 (float64 for a float64 query; torch 2.13 says so too); the declared dtype
+      follows the kernel.
     """
     for node in gm.graph.nodes:
         if op_type(node) == compat.SDPA_CPU:
@@ -509,10 +510,12 @@ def normalise(gm):
 def _sdpa_logsumexp_dtype(node):
     val = node.meta.get("val")
     query = node.args[0].meta.get("val") if node.args else None
-    if not isinstance(val, (tuple, list)) or len(val) < 2 or query is None \
-            or val[1] is None or val[1].dtype == query.dtype:
+    if not isinstance(val, (tuple, list)) or len(val) < 2 or query is None or val[1] is None:
         return
-    lse = val[1].to(query.dtype)
+    acc = torch.promote_types(query.dtype, torch.float32)
+    if val[1].dtype == acc:
+        return
+    lse = val[1].to(acc)
     node.meta["val"] = type(val)([val[0], lse, *val[2:]])
     for user in node.users:
         if user.target is operator.getitem and user.args[1] == 1:
