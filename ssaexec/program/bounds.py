@@ -119,7 +119,7 @@ def count_problem(op_type, attrs, in_shapes, outputs):
             if num < 1:
                 return (f"attribute 'num' is {num}; hint: split needs num >= 1 or a "
                         "'sections' list")
-            if size is not None and num > size:
+            if size is not None and num > max(size, 1):
                 return (f"attribute 'num' ({num}) is larger than the size {size} of axis "
                         f"{axis} it splits; hint: num must divide that size")
             count, what = num, f"num={num}"
