@@ -167,6 +167,15 @@ def test_a_count_over_its_outputs_is_refused_before_inference(op_type, attrs, sh
     assert "hint:" in str(err)
 
 
+def test_a_count_bomb_in_the_text_form_is_refused_before_inference():
+    text = ("ssaexec-program v1 random_seed=0\n\nblock 0 parent=-1 {\n"
+            "  var x : float32[2097152] data\n  var a : float32[1]\n  var b : float32[1]\n"
+            "  {Out=[a, b]} = split(X=x) {num=2097152, axis=0}\n}\n")
+    calls, err = _load_and_validate(text, ".ssa")
+    assert err is not None and calls == 0, err
+    assert "(split) at bomb.ssa:7:3: " in str(err) and "produces 2097152 (num=2097152)" in str(err)
+
+
 def test_counts_that_fit_still_validate():
     names = ["a", "b", "c", "d"]
     text = _program([_var("x", [8, 3], True)] + [_var(n, [2, 3]) for n in names],
