@@ -31,8 +31,9 @@ Malformed ops are located errors: a mapping refuses what it cannot honour with
 op and reported as a ``ProgramError`` naming it, never an internal error. Each
 emitted op's per-dimension lists and count attributes are bounded as it is
 emitted (``ssaexec.program.bounds``), so an op over a bound is refused naming the
-Paddle (or PIR) op, before step 5 runs any shape inference. Every step is linear in the program: the
-gradient writers and forward records are indexed once, not searched per pair.
+Paddle (or PIR) op, before step 5 runs any shape inference. Every step is linear in
+the program: the gradient writers and forward records are indexed once, not
+searched per pair.
 
 Only block 0 is converted: the ops that own sub-blocks (``while``,
 ``conditional_block``) are not mapped, so a program that needs a sub-block has an
