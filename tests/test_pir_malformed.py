@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 import ssaexec as se
-from ssaexec import cli
 from ssaexec.frontends.paddle import read_program_bytes
 from ssaexec.frontends.paddle.convert import convert_program
 

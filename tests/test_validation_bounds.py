@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssaexec as se
