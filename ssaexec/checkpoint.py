@@ -159,8 +159,14 @@ def save_parameters(path, target, program=None):
 def _write(st, tensors, path, meta, runs):
     """Write, fsync, rename, fsync the folder (the atomic policy above, ``safe_files``)."""
     fault = (lambda: faults.point("save", runs)) if runs is not None else None
-    atomic_write(path, lambda tmp: st.save_file(tensors, tmp, metadata=meta),
-                 prefix=TEMP_PREFIX, before_rename=fault, private=True)
+
+    def write(tmp):
+        from safetensors import SafetensorError
+        try:
+            st.save_file(tensors, tmp, metadata=meta)
+        except SafetensorError as e:  # its I/O errors (a full disk) are OSErrors to callers
+            raise OSError(f"{path}: cannot write the checkpoint ({e})") from e
+    atomic_write(path, write, prefix=TEMP_PREFIX, before_rename=fault, private=True)
 
 
 def load_checkpoint(path, target, program=None, state=None, check=None, follow_symlinks=True):

@@ -11,8 +11,9 @@ Policy:
   is flushed to disk, and renamed over the target; then the folder is flushed, so the
   rename survives a power cut. A crash leaves the old file or the new one, never half
   of one. The rename *replaces* a symlink at the target, never writes through it: what
-  a symlink points at is never touched. On any failure the temporary file is removed
-  and the target is unchanged.
+  a symlink points at is never touched. A FIFO, socket or device at the target is
+  refused (``NotRegularFile``), never replaced. On any failure the temporary file is
+  removed and the target is unchanged.
 * **Regular files only** (``open_regular``): a read opens the name with ``O_NONBLOCK``
   (opening a FIFO for reading would otherwise wait for a writer forever) and, where
   asked, ``O_NOFOLLOW``; then ``fstat`` on the open descriptor (not on the name, which
@@ -24,7 +25,7 @@ import os
 import stat
 import tempfile
 
-__all__ = ["atomic_write", "open_regular", "fd_path", "NotRegularFile"]
+__all__ = ["atomic_write", "open_regular", "fd_path", "replace_problem", "NotRegularFile"]
 
 
 class NotRegularFile(OSError):
@@ -102,7 +103,8 @@ def atomic_write(path, write, prefix=".tmp-", before_rename=None, private=False)
     ----------
     path : str or os.PathLike
         The target. A symlink there is replaced, not followed; a folder there is an
-        ``IsADirectoryError`` (nothing written).
+        ``IsADirectoryError``, a FIFO, socket or device ``NotRegularFile`` (nothing
+        written).
     write : callable
         ``write(tmp)`` writes the whole content to the temporary file named ``tmp``.
     prefix : str
@@ -118,6 +120,9 @@ def atomic_write(path, write, prefix=".tmp-", before_rename=None, private=False)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(21, "Is a directory", path)
+    problem = replace_problem(path)
+    if problem is not None:
+        raise NotRegularFile(path, problem)
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     os.close(fd)
     try:
@@ -140,6 +145,22 @@ def atomic_write(path, write, prefix=".tmp-", before_rename=None, private=False)
             pass
         raise
     return path
+
+
+def replace_problem(path):
+    """What ``atomic_write`` would wrongly replace at ``path`` (``"a FIFO (named pipe)"``,
+    ``"a character device"`` ...), or None for nothing there, a regular file or a symlink.
+
+    The rename would put a regular file in place of a FIFO, socket or device node: as
+    root, ``--save /dev/null`` replaced the system's ``/dev/null`` with a file. A folder
+    is ``IsADirectoryError``'s (``atomic_write``)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
+        return None
+    return _kind(mode)
 
 
 def _fsync_folder(folder):

@@ -5,18 +5,22 @@ step prints its loss and time; the throughput excludes step 1, which builds the
 graph and warms the kernels, whenever there is more than one step.
 
 ``--save`` is checked before the first step, so training is never lost to a save
-that was bound to fail at the end: the folder must exist and the path must not be a
-folder; a ``.pdiparams`` file must hold every persistable var of the Paddle program
+that was bound to fail at the end: the folder must exist and take a new file (one is
+made and removed: a read-only folder or ``/proc`` is refused), and the path must not be
+a folder, a FIFO, a socket or a device (the save's rename would replace it); a ``.pdiparams`` file must hold every persistable var of the Paddle program
 (Paddle loads it record by record, so a file missing one would not load), so when
 ssaexec has no value for one of them (a persistable of a sub-block, which ssaexec
 does not run) the run is refused before training, naming the vars, with a checkpoint
 (``--save X.safetensors``) as the way to keep the trained values. The file itself
-is written atomically (``safe_files``): a failed save leaves the old file as it was.
+is written atomically (``safe_files``): a failed save leaves the old file as it was,
+and is one clean error line naming ``--save`` (exit 2), never an internal error.
 """
 
 import os
+import tempfile
 import time
 
+from ..safe_files import replace_problem
 from .common import EXIT_OK, ProgressBar, UsageError
 from .execute import execution_options, print_header, print_step, setup, throughput
 
@@ -67,6 +71,16 @@ def _save_plan(args, s):
                          "trained)")
     if os.path.isdir(path) and not os.path.islink(path):
         raise UsageError(f"--save {path}: is a folder, not a file (nothing was trained)")
+    kind = replace_problem(path)
+    if kind is not None:  # the save's rename would replace it (safe_files.replace_problem)
+        raise UsageError(f"--save {path}: is {kind}, not a file (nothing was trained)")
+    try:  # the save writes a temporary file there first: make one now, as it will
+        fd, tmp = tempfile.mkstemp(prefix=".ssaexec-save-check-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:  # read-only, no permission, /proc ...
+        raise UsageError(f"--save {path}: cannot write a file in {folder} "
+                         f"({e.strerror or e}; nothing was trained)") from None
     scope = s.pe.local_scopes[0]
     written = {n for op in s.pe.run_program.global_block().ops for n in op.output_names()}
 
@@ -121,7 +135,12 @@ def cmd_run(args):
             print_step(bar, k + 1, args.steps, v, dt,
                        status=f"loss {v:.4f}  {s.batch / dt:,.0f} img/s")
         if save is not None:
-            save()
+            try:
+                save()
+            except OSError as e:  # the disk filled, the folder went away: say which save
+                raise UsageError(f"--save {args.save}: cannot be written after "
+                                 f"{args.steps} steps ({e.strerror or e}); nothing was "
+                                 "saved") from e
     finally:
         bar.close()
         s.pe.close()

@@ -289,8 +289,12 @@ class Converter:
                     break
                 specs[slot] = [(v.shape, v.dtype) for v in vs]
             else:  # every op was bounded when emitted (``emit``): inference is linear
-                # a model repeats its layers: each distinct inference runs once
-                key = (op.type, repr(op.attrs), repr(specs), repr(op.outputs))
+                # a model repeats its layers: each distinct inference runs once. What
+                # inference reads of the outputs is which are wanted (not EMPTY_VAR), never
+                # their names: a key with names would make every op distinct
+                wanted = {slot: [n != EMPTY_VAR for n in names]
+                          for slot, names in op.outputs.items()}
+                key = (op.type, repr(op.attrs), repr(specs), repr(wanted))
                 try:
                     out = inferred.get(key)
                     if out is None:

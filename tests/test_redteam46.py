@@ -1,0 +1,124 @@
+"""Hostile files of issue 46's classes that the issue did not list (its acceptance 2).
+
+A red-team pass after the issue's fixes, as a user would attack: program files of every
+form, feed files, ``--save`` and ``--resume`` targets. What broke, and is held here:
+
+* **Validation bombs** (class 3). The Paddle converter's 0-d pass inferred each distinct
+  op once, but its key held the op's output *names*, so every op was distinct: a 1 MB
+  PIR file of 4,200 identical ``relu`` ops took 13.6 s to load (10 s in the pass). What
+  inference reads of the outputs is which are wanted, so that is the key now.
+* **Lost work** (class 6). ``ssaexec run --save`` into a folder that takes no new file
+  (``/proc``, a read-only mount) trained every step and then ended in ``ssaexec:
+  internal error: FileNotFoundError``, nothing saved; a save failing at the end for any
+  other reason (a full disk) did the same. ``--save /dev/null`` (or a FIFO, a socket)
+  *replaced* the node with a regular file: run as root, it replaced the system's
+  ``/dev/null``. Now the folder is tried and the target's kind checked before the first
+  step (exit 2), ``safe_files.atomic_write`` never replaces a FIFO, socket or device, and
+  a save that fails at the end is one clean line naming ``--save`` (exit 2).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssaexec.frontends.paddle import convert as paddle_convert
+from ssaexec.frontends.paddle import read_program_bytes
+from ssaexec.safe_files import NotRegularFile, atomic_write, replace_problem
+from test_cli import PLACES, assert_clean_error, cli, example  # noqa: F401 - cli: a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+PIR = ROOT / "tests/fixtures/paddle/pir"
+
+
+# --- class 3: the converter's inference grows with distinct ops, not with ops --------------
+def _pir_with_relus(n):
+    """The heldout PIR fixture with ``n`` more ``relu`` ops, each reading what the first
+    reads and writing a value of its own (the same op, over and over)."""
+    doc = json.loads((PIR / "heldout.json").read_text())
+    ops = doc["program"]["regions"][0]["blocks"][0]["ops"]
+    relu = next(o for o in ops if o["#"] == "1.relu")
+    for i in range(n):
+        extra = json.loads(json.dumps(relu))
+        extra["O"][0]["%"] = 100000 + i
+        ops.insert(-1, extra)
+    return json.dumps(doc).encode()
+
+
+def test_identical_paddle_ops_are_inferred_once_when_converted(monkeypatch):
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(args[1].type)
+        return real(*args, **kw)
+    real = paddle_convert.infer_outputs
+    monkeypatch.setattr(paddle_convert, "infer_outputs", counted)
+
+    def relu_inferences(n):
+        calls.clear()
+        program = paddle_convert.convert_program(
+            read_program_bytes(_pir_with_relus(n), "m.json")).program
+        assert sum(op.type == "relu" for op in program.global_block().ops) == n + 1
+        return calls.count("relu")
+    assert relu_inferences(0) == 1
+    assert relu_inferences(300) == 1  # was 301: one per op, each with its own output name
+
+
+# --- class 6: --save never replaces a node, never fails after training ------------------------
+def test_atomic_write_refuses_a_fifo_or_device_at_the_target(tmp_path):
+    fifo = tmp_path / "run.safetensors"
+    os.mkfifo(fifo)
+    assert replace_problem(fifo) == "a FIFO (named pipe)"
+    with pytest.raises(NotRegularFile, match="is a FIFO"):
+        atomic_write(fifo, lambda tmp: Path(tmp).write_bytes(b"x"))
+    assert fifo.is_fifo() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    if os.path.exists("/dev/null"):  # never written, only looked at
+        assert replace_problem("/dev/null") == "a character device"
+    # what the writer may replace: nothing, a file, a symlink (never followed)
+    (tmp_path / "f").write_bytes(b"old")
+    os.symlink(tmp_path / "f", tmp_path / "link")
+    for name in ("new", "f", "link"):
+        assert replace_problem(tmp_path / name) is None
+        atomic_write(tmp_path / name, lambda tmp: Path(tmp).write_bytes(b"new"))
+        assert (tmp_path / name).read_bytes() == b"new"
+    assert not (tmp_path / "link").is_symlink()
+
+
+def test_a_save_that_could_only_fail_is_refused_before_training(cli, tmp_path):
+    fifo = tmp_path / "run.safetensors"
+    os.mkfifo(fifo)
+    targets = [(fifo, "is a FIFO (named pipe), not a file")]
+    if os.path.isdir("/proc/self"):  # a folder that takes no new file, even for root
+        targets.append(("/proc/self/run.safetensors", "cannot write a file in /proc/self"))
+    for target, why in targets:
+        res = cli(["run", example("uci_housing.json"), "--places", PLACES, "--steps", 2,
+                   "--save", target])
+        assert_clean_error(res, f"--save {target}: ", why, "nothing was trained")
+        assert "step " not in res.out and "internal error" not in res.err
+    assert fifo.is_fifo()
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from ssaexec.cli.main import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.RLIM_INFINITY))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_save_that_fails_after_training_is_a_clean_error(tmp_path):
+    out = tmp_path / "run.safetensors"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, "run", str(example("uci_housing.json")),
+         "--places", PLACES, "--steps", "2", "--no-progress", "--save", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ssaexec: error: --save {out}: cannot be written after 2 steps"), last
+    assert "internal error" not in proc.stderr and not out.exists()
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
