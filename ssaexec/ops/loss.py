@@ -8,7 +8,8 @@ probability distribution per sample instead. The class axis is the last one for
 
 import torch
 
-from .registry import register_op
+from .registry import ShapeRule, register_op
+from .shape_rules import broadcast
 
 _CE_ATTRS = {"soft_label": ("bool", False), "ignore_index": ("int", -100)}
 
@@ -50,7 +51,8 @@ def softmax_with_cross_entropy(ins, attrs):
     return {"Softmax": logp.exp(), "Loss": loss}
 
 
-@register_op("square_error_cost", ["X", "Y"], ["Out"])
+@register_op("square_error_cost", ["X", "Y"], ["Out"],
+             rule=ShapeRule(lambda ins, attrs: {"Out": broadcast(ins["X"][0], ins["Y"][0])}))
 def square_error_cost(ins, attrs):
     """Out = (X - Y) ** 2 elementwise."""
     d = ins["X"] - ins["Y"]

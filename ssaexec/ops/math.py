@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from .guards_hand import kernel
-from .registry import get_op_def, register_grad, register_op
+from .registry import ShapeRule, get_op_def, register_grad, register_op
+from .shape_rules import SAME_X, broadcast, wrap_axis
 
 # checks its arguments (a broadcasting kernel), but hand-written ops take every ATen
 # overload they call from the guard layer (ssaexec.ops.guards_hand.kernel), which decides
@@ -40,12 +41,38 @@ def _sum_to(g, shape):
 _EW_ATTRS = {"axis": ("int", -1)}
 
 
+def _aligned_y(x, y, axis):
+    """``_align_y`` on shapes: the shape ``y`` broadcasts with."""
+    if axis == -1 or len(y) == len(x):
+        return y
+    trailing = len(x) - axis - len(y)
+    if axis < 0 or trailing < 0:
+        raise ValueError(f"axis={axis} does not fit X of rank {len(x)} and Y of rank {len(y)}")
+    return list(y) + [1] * trailing
+
+
+def _ew_shapes(ins, attrs):
+    x, y = ins["X"][0], ins["Y"][0]
+    return {"Out": broadcast(x, _aligned_y(x, y, attrs["axis"]))}
+
+
+def _ew_canon(ins, attrs):
+    # a 0-dim operand promotes differently: X, and Y as aligned, keep being 0-dim or not
+    x, y = ins["X"][0], ins["Y"][0]
+    return {"X": [1] if x else [], "Y": [1] if _aligned_y(x, y, attrs["axis"]) else []}, \
+        {"axis": -1}
+
+
+# shapes broadcast (Paddle's axis rule), dtypes promote as the kernel does
+_EW_RULE = ShapeRule(_ew_shapes, _ew_canon)
+
+
 def _elementwise(name, fn):
     def kernel(ins, attrs):
         x, y = ins["X"], ins["Y"]
         return {"Out": fn(x, _align_y(x, y, attrs["axis"]))}
     kernel.__doc__ = f"Out = {name[12:]}(X, Y), broadcasting Y along ``axis``."
-    return register_op(name, ["X", "Y"], ["Out"], _EW_ATTRS)(kernel)
+    return register_op(name, ["X", "Y"], ["Out"], _EW_ATTRS, rule=_EW_RULE)(kernel)
 
 
 _elementwise("elementwise_add", torch.add)
@@ -162,8 +189,23 @@ def matmul_grad(ins, attrs, wanted):
     return out
 
 
+def _number_class(v):
+    """A stand-in for number ``v`` in a dtype run: the result dtype follows its type, and
+    an int outside int64 and uint64 fails to convert (torch's Scalar)."""
+    if isinstance(v, float):
+        return 1.0
+    return 1 if -2 ** 63 <= v < 2 ** 64 else 2 ** 64 if v > 0 else -2 ** 63 - 1
+
+
+def _scale_canon(ins, attrs):
+    return {"X": [1] if ins["X"][0] else []}, {
+        "scale": _number_class(attrs["scale"]), "bias": _number_class(attrs["bias"]),
+        "bias_after_scale": attrs["bias_after_scale"]}
+
+
 @register_op("scale", ["X"], ["Out"], {"scale": (_F, 1.0), "bias": (_F, 0.0),
-                                        "bias_after_scale": ("bool", True)})
+                                        "bias_after_scale": ("bool", True)},
+             rule=ShapeRule(SAME_X.shapes, _scale_canon))
 def scale(ins, attrs):
     """Out = scale * X + bias (or scale * (X + bias))."""
     x, s, b = ins["X"], attrs["scale"], attrs["bias"]
@@ -181,7 +223,7 @@ def sum_(ins, attrs):
     return {"Out": out}
 
 
-@register_op("mean", ["X"], ["Out"])
+@register_op("mean", ["X"], ["Out"], rule=ShapeRule(lambda ins, attrs: {"Out": []}))
 def mean(ins, attrs):
     """Out = mean of all elements of X (a scalar of shape [])."""
     return {"Out": ins["X"].mean()}
@@ -210,7 +252,7 @@ def _unary(name, fn, doc):
     def kernel(ins, attrs):
         return {"Out": fn(ins["X"])}
     kernel.__doc__ = doc
-    return register_op(name, ["X"], ["Out"])(kernel)
+    return register_op(name, ["X"], ["Out"], rule=SAME_X)(kernel)
 
 
 _unary("relu", torch.relu, "Out = max(X, 0).")
@@ -228,7 +270,7 @@ def relu_grad(ins, attrs, wanted):
     return {"X@GRAD": _THRESHOLD_BACKWARD(ins["Out@GRAD"], ins["Out"], 0)}
 
 
-@register_op("gelu", ["X"], ["Out"], {"approximate": ("bool", False)})
+@register_op("gelu", ["X"], ["Out"], {"approximate": ("bool", False)}, rule=SAME_X)
 def gelu(ins, attrs):
     """Out = GELU(X), exact or tanh-approximated."""
     return {"Out": F.gelu(ins["X"], approximate="tanh" if attrs["approximate"] else "none")}
@@ -240,7 +282,19 @@ def softmax(ins, attrs):
     return {"Out": torch.softmax(ins["X"], attrs["axis"])}
 
 
-@register_op("log_softmax", ["X"], ["Out"], {"axis": ("int", -1)})
+def _log_softmax_shapes(ins, attrs):
+    x = ins["X"][0]
+    wrap_axis(attrs["axis"], len(x))
+    return {"Out": x}
+
+
+def _axis_canon(ins, attrs):
+    return {"X": [1] if ins["X"][0] else []}, {"axis": -1}
+
+
+# (softmax keeps its probe: its meta kernel is fast, and checks no axis on a 0-dim input)
+@register_op("log_softmax", ["X"], ["Out"], {"axis": ("int", -1)},
+             rule=ShapeRule(_log_softmax_shapes, _axis_canon))
 def log_softmax(ins, attrs):
     """Out = log(softmax(X)) along ``axis``."""
     return {"Out": torch.log_softmax(ins["X"], attrs["axis"])}

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from .guards_hand import kernel
-from .registry import register_grad, register_op
+from .registry import ShapeRule, register_grad, register_op
+from .shape_rules import like
 
 _CONVOLUTION = kernel("aten.convolution.default")
 _CONVOLUTION_BACKWARD = kernel("aten.convolution_backward.default")
@@ -158,9 +159,16 @@ def fixed_uniform(seed, shape, device):
     return t
 
 
+def _dropout_canon(ins, attrs):
+    # both branches of the kernel make X's dtype and uint8, but the run keeps which one
+    return {"X": [1] if ins["X"][0] else []}, {
+        "dropout_prob": 0.0 if attrs["dropout_prob"] == 0.0 else 0.5,
+        "is_test": attrs["is_test"], "seed": 0}
+
+
 @register_op("dropout", ["X"], ["Out", "Mask!"],
              {"dropout_prob": ("float", 0.5), "is_test": ("bool", False), "seed": ("int", 0)},
-             is_random=True)
+             is_random=True, rule=ShapeRule(like("X", "Out", "Mask").shapes, _dropout_canon))
 def dropout(ins, attrs):
     """Out = X * Mask / (1 - p) (upscale in train); a non-zero ``seed`` fixes the mask."""
     x, p = ins["X"], attrs["dropout_prob"]

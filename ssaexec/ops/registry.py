@@ -17,7 +17,14 @@ gradient is made. Policy:
   forward slots it needs (``uses``); ``grad=None`` means not differentiable.
 * Shape inference defaults to running the kernel on ``meta`` tensors twice
   with two batch sizes; a dimension that differs between the runs is the batch
-  dimension (-1). Ops whose kernels cannot run on meta supply ``infer``.
+  dimension (-1). Inputs without a -1 dim take one run: the two would be equal.
+  Ops whose kernels cannot run on meta supply ``infer``. Ops whose meta kernels
+  are slow (torch's Python decompositions: ~0.3-2 ms a run, issue 46: a 1 MB file of
+  distinct ones cost tens of seconds to validate) supply a ``ShapeRule``
+  (``rule=``): an exact stand-in for the probe, its shapes by arithmetic and its
+  dtypes (with the kernel's dtype checks) from one run of the kernel on one-element
+  meta tensors, cached per bounded key. ``tests/test_infer_rules.py`` holds every
+  rule to the probe's result, errors included.
 * The registry is a leaf: it imports no kernel module. Importing ``ssaexec.ops``
   (which any import of ``ssaexec.ops.<module>`` does first) registers the built-in
   kernels; a family of op types made on demand (``aten.*``) registers a resolver
@@ -31,9 +38,9 @@ import torch
 from ..errors import ProgramError
 from ..dtypes import dtype_name, torch_dtype
 
-__all__ = ["Slot", "OpDef", "register_op", "register_grad", "register_family", "get_op_def",
-           "registered_ops", "infer_outputs", "REQUIRED", "ATTR_TYPES", "check_attr",
-           "EMPTY_VAR"]
+__all__ = ["Slot", "OpDef", "ShapeRule", "register_op", "register_grad", "register_family",
+           "get_op_def", "registered_ops", "infer_outputs", "probe_outputs", "REQUIRED",
+           "ATTR_TYPES", "check_attr", "EMPTY_VAR"]
 
 # An output slot entry that is deliberately not produced (a grad nobody needs).
 EMPTY_VAR = "@EMPTY@"
@@ -111,16 +118,18 @@ class OpDef:
     __slots__ = ("type", "inputs", "outputs", "attrs", "kernel", "infer", "grad", "grad_uses",
                  "inplace", "is_grad", "forward_type", "wants_mask", "is_random", "is_control",
                  "doc", "may_alias", "raw_kernel", "overload", "check", "bare_overload",
-                 "bare_kernel")
+                 "bare_kernel", "rule")
 
     def __init__(self, type, inputs, outputs, attrs, kernel, infer=None, grad="auto",
-                 inplace=False, is_random=False, doc=""):
+                 inplace=False, is_random=False, doc="", rule=None):
         self.type = type
         self.inputs = [_slot(s) for s in inputs]
         self.outputs = [_slot(s) for s in outputs]
         self.attrs = dict(attrs)
         self.kernel = kernel
         self.infer = infer
+        # an exact stand-in for the meta probe (ShapeRule), or None
+        self.rule = rule
         self.grad = grad
         self.grad_uses = None
         self.inplace = inplace
@@ -194,17 +203,18 @@ _REGISTRY = {}
 
 
 def register_op(type, inputs, outputs, attrs=None, infer=None, grad="auto", inplace=False,
-                is_random=False, control=False):
+                is_random=False, control=False, rule=None):
     """Decorator registering ``fn(ins, attrs) -> outs`` as the kernel of op ``type``.
 
     ``inputs``/``outputs`` are slot specs: ``"X"``, ``"X*"`` duplicable,
     ``"X?"`` optional, ``"X!"`` no gradient. ``attrs`` maps name to
     ``(type, default)`` with ``REQUIRED`` for no default. ``control`` ops own
-    sub-blocks and take ``(ins, attrs, ctx)``.
+    sub-blocks and take ``(ins, attrs, ctx)``. ``rule`` (a ``ShapeRule``) stands in
+    for the meta probe of shape inference.
     """
     def deco(fn):
         op_def = OpDef(type, inputs, outputs, attrs or {}, fn, infer, grad, inplace, is_random,
-                       (fn.__doc__ or "").strip())
+                       (fn.__doc__ or "").strip(), rule)
         _REGISTRY[type] = op_def
         op_def.is_control = control
         if grad == "auto":
@@ -402,12 +412,93 @@ def _meta(shape, dtype, batch):
     return torch.empty(dims, dtype=torch_dtype(dtype), device="meta")
 
 
-def infer_outputs(op_def, op, in_specs):
+class ShapeRule:
+    """An exact, cheap stand-in for the meta probe of one op type (module docstring).
+
+    ``shapes(ins, attrs)`` returns, per output slot, the shape the probe finds (a list
+    for a duplicable slot; -1 where it follows the batch) and raises where a probe
+    run would fail on the shapes. ``ins`` maps each given input slot to its
+    ``(shape, dtype)`` (a list of them for a duplicable slot); every shape is known.
+
+    The dtypes, and the kernel's refusal of dtypes, come from the kernel itself, run
+    once on meta tensors of one element: ``canon(ins, attrs)`` returns the shapes and
+    attrs of that run, ``({slot: shape or [shapes]}, attrs)``, which must keep what the
+    dtypes depend on (a 0-dim input stays 0-dim: it promotes differently) and draw
+    from a small set, since with the input dtypes they are the cache key. Without
+    ``canon`` every input is ``[]`` (0-dim) or ``[1]`` and the attrs are kept.
+    """
+
+    __slots__ = ("shapes", "canon")
+
+    def __init__(self, shapes, canon=None):
+        self.shapes = shapes
+        self.canon = canon
+
+    def outputs(self, op_def, ins, attrs):
+        """slot -> list of (shape, dtype), as ``probe_outputs`` would give."""
+        shapes = self.shapes(ins, attrs)
+        dtypes = self._dtypes(op_def, ins, attrs)
+        out = {}
+        for slot, shape in shapes.items():
+            if slot not in dtypes:
+                continue
+            shape = shape if op_def.output_slot(slot).duplicable else [shape]
+            out[slot] = [None if dt is None else (list(sh), dt)
+                         for sh, dt in zip(shape, dtypes[slot], strict=True)]
+        return out
+
+    def _dtypes(self, op_def, ins, attrs):
+        if self.canon is not None:
+            shapes, attrs = self.canon(ins, attrs)
+        else:
+            shapes = {k: [_one(sh) for sh, _ in v] if isinstance(v, list) else _one(v[0])
+                      for k, v in ins.items()}
+        dts = {k: tuple(dt for _, dt in v) if isinstance(v, list) else v[1]
+               for k, v in ins.items()}
+        key = (op_def.type, repr(shapes), repr(dts), repr(attrs))
+        hit = _DTYPE_RUNS.get(key)
+        if hit is None:
+            metas = {}
+            for s in op_def.inputs:
+                if s.name not in ins:
+                    metas[s.name] = [] if s.duplicable else None
+                elif s.duplicable:
+                    metas[s.name] = [_meta(sh, dt, 1)
+                                     for sh, dt in zip(shapes[s.name], dts[s.name], strict=True)]
+                else:
+                    metas[s.name] = _meta(shapes[s.name], dts[s.name], 1)
+            try:
+                outs = op_def.kernel(metas, attrs)
+                hit = {k: [None if t is None else dtype_name(t.dtype)
+                           for t in (v if isinstance(v, list) else [v])]
+                       for k, v in outs.items() if v is not None}
+            except Exception as e:  # noqa: BLE001 - the kernel refuses these dtypes: so does the rule
+                hit = e
+            if len(_DTYPE_RUNS) >= _DTYPE_RUNS_MAX:
+                _DTYPE_RUNS.clear()
+            _DTYPE_RUNS[key] = hit
+        if isinstance(hit, Exception):
+            raise hit.with_traceback(None)
+        return hit
+
+
+def _one(shape):
+    return [] if not shape else [1]
+
+
+# (op type, canonical shapes, dtypes, attrs) -> {slot: [dtype name]} or the kernel's error;
+# the keys come from a small set per op type (ShapeRule.canon), so this stays small
+_DTYPE_RUNS = {}
+_DTYPE_RUNS_MAX = 4096
+
+
+def infer_outputs(op_def, op, in_specs, rule=True):
     """Infer output (shape, dtype) per output slot of ``op``.
 
     ``in_specs`` maps input slot -> list of (shape, dtype) (shape may be None
     when unknown). Returns slot -> list of (shape, dtype) or None when nothing
     can be inferred. Raises whatever the kernel raises on incompatible inputs.
+    ``rule=False`` runs the meta probe even where the op has a ``ShapeRule``.
     """
     attrs = op_def.full_attrs(op.attrs)
     if op_def.infer is not None:
@@ -420,8 +511,24 @@ def infer_outputs(op_def, op, in_specs):
         return out
     if any(sh is None for specs in in_specs.values() for sh, _ in specs):
         return None
+    if rule and op_def.rule is not None:
+        flat = {k: (v if op_def.input_slot(k).duplicable else v[0])
+                for k, v in in_specs.items() if v}
+        return op_def.rule.outputs(op_def, flat, attrs)
+    return probe_outputs(op_def, op, in_specs, attrs)
+
+
+def probe_outputs(op_def, op, in_specs, attrs):
+    """Output specs from running the kernel on meta tensors (shapes all known).
+
+    Each -1 dim is probed as 5 and as 7; an output dim that differs is -1. Without
+    a -1 dim in any input one run does: both would get the same tensors, and a
+    kernel's output shapes depend on nothing else (random ops draw values, not
+    shapes; size expressions read input dims).
+    """
+    batched = any(d < 0 for specs in in_specs.values() for sh, _ in specs for d in sh)
     runs = []
-    for batch in _BATCH_PROBES:
+    for batch in (_BATCH_PROBES if batched else _BATCH_PROBES[:1]):
         ins = {}
         for s in op_def.inputs:
             specs = in_specs.get(s.name)
@@ -438,7 +545,7 @@ def infer_outputs(op_def, op, in_specs):
         runs.append(outs)
     result = {}
     for s in op_def.outputs:
-        a, b = runs[0].get(s.name), runs[1].get(s.name)
+        a, b = runs[0].get(s.name), runs[-1].get(s.name)
         if a is None:
             continue
         a = a if isinstance(a, list) else [a]

@@ -1,0 +1,102 @@
+"""Every ``ShapeRule`` gives exactly what the meta probe gives (issue 46).
+
+A rule stands in for running the kernel on meta tensors twice (``probe_outputs``),
+so validation of a file of many distinct slow ops stays fast. It must not weaken
+(or strengthen) validation: for each op with a rule, over shapes with and without
+-1 (batch) dims, every dtype, 0-dim inputs and the attrs that matter, the rule and
+the probe either both raise or give the same (shape, dtype) per output. The probe
+is the oracle: nothing here restates what the kernel does.
+"""
+
+import itertools
+
+import pytest
+
+from ssaexec.dtypes import DTYPES
+from ssaexec.ops.registry import get_op_def, infer_outputs, registered_ops
+from ssaexec.program.desc import OpDesc
+
+DT = list(DTYPES)
+F32 = "float32"
+SHAPES = [[], [1], [3], [-1], [-1, 4], [4, -1], [2, -1, 3], [0, 5], [-1, 1, 3], [2, 3, 4]]
+
+RULED = [t for t in registered_ops() if get_op_def(t).rule is not None]
+
+
+def _outcome(op_type, ins, attrs, rule):
+    op_def = get_op_def(op_type)
+    op = OpDesc(op_type, {s: [f"{s}{i}" for i in range(len(v))] for s, v in ins.items()},
+                {s.name: ["o"] for s in op_def.outputs}, attrs)
+    try:
+        res = infer_outputs(op_def, op, ins, rule=rule)
+    except Exception as e:  # noqa: BLE001 - any failure is a refusal in validation
+        return ("raises", type(e).__name__)
+    return {k: [None if s is None else (list(s[0]), s[1]) for s in v] for k, v in res.items()}
+
+
+def _check(op_type, cases):
+    """Compare rule and probe on ``cases`` [(ins, attrs)]; the number that raised."""
+    raised = 0
+    for ins, attrs in cases:
+        want = _outcome(op_type, ins, attrs, rule=False)
+        got = _outcome(op_type, ins, attrs, rule=True)
+        if isinstance(want, tuple):
+            raised += 1
+            assert isinstance(got, tuple), (op_type, ins, attrs, want, got)
+        else:
+            assert got == want, (op_type, ins, attrs, want, got)
+    return raised
+
+
+def _x_cases(attr_sets, slot="X"):
+    cases = [({slot: [(sh, F32)]}, a) for sh in SHAPES for a in attr_sets]
+    cases += [({slot: [(sh, dt)]}, a) for sh in ([], [-1, 3]) for dt in DT for a in attr_sets]
+    return cases
+
+
+def _ints(*values):
+    # numbers of every class a dtype run tells apart: 0, small, int64/uint64 edges, beyond
+    return list(values) + [0, 3, -2 ** 63, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 2 ** 64,
+                           -2 ** 63 - 1, 10 ** 30]
+
+
+ATTRS = {
+    "gelu": [{"approximate": False}, {"approximate": True}],
+    "log_softmax": [{"axis": a} for a in (-4, -3, -2, -1, 0, 1, 2, 3)],
+    "scale": [{"scale": s, "bias": b, "bias_after_scale": after}
+              for s in _ints(2.5, float("inf"), float("nan"), -1e300)
+              for b in (0.0, 1, 2 ** 64) for after in (True, False)],
+    "dropout": [{"dropout_prob": p, "is_test": t, "seed": s}
+                for p in (0.0, 0, 0.5, 1.0, 2) for t in (False, True) for s in (0, 7)],
+}
+
+
+def _cases(op_type):
+    op_def = get_op_def(op_type)
+    names = [s.name for s in op_def.inputs]
+    if names == ["X", "Y"]:  # broadcasting binary ops
+        attr_sets = [{"axis": a} for a in (-1, 0, 1, 2, 3)] if "axis" in op_def.attrs else [{}]
+        cases = [({"X": [(a, F32)], "Y": [(b, F32)]}, at)
+                 for a, b in itertools.product(SHAPES, SHAPES) for at in attr_sets]
+        cases += [({"X": [(a, da)], "Y": [(b, db)]}, {})
+                  for a, b in (([2, 3], [3]), ([2, 3], []), ([], [3]), ([-1, 3], [1]))
+                  for da, db in itertools.product(DT, DT)]
+        return cases
+    if names == ["X"]:
+        return _x_cases(ATTRS.get(op_type, [{}]))
+    raise AssertionError(f"no cases for {op_type}: add them here")
+
+
+@pytest.mark.parametrize("op_type", RULED)
+def test_the_rule_gives_what_the_probe_gives(op_type):
+    cases = _cases(op_type)
+    raised = _check(op_type, cases)
+    # the cases reach both sides: some inputs are refused, most are not
+    assert len(cases) > 20 and raised < len(cases)
+
+
+def test_the_slow_ops_have_rules():
+    # their meta kernels run torch's Python decompositions (0.3-2 ms a run, issue 46)
+    for t in ("gelu", "relu", "log_softmax", "scale", "square", "elementwise_add",
+              "elementwise_pow", "square_error_cost", "mean", "dropout"):
+        assert get_op_def(t).rule is not None, t
