@@ -71,7 +71,63 @@ ATTRS = {
 }
 
 
+def _bn_cases():
+    modes = [{"is_test": t, "use_global_stats": g, "epsilon": e, "momentum": m}
+             for t, g, e, m in ((False, False, 1e-5, 0.9), (True, False, 3, 10 ** 30),
+                                (False, True, 0.5, 2 ** 64))]
+    xs = [[-1, 3], [2, 3, 4], [-1, 3, 2, 2], [3], [], [2, -1], [-1, -1, 2], [0, 3]]
+    stats = [[3], [4], [-1], [1], [], [3, 1]]
+    cases = [(_bn(x, st, F32, F32), m) for x in xs for st in stats for m in modes]
+    cases += [(_bn([-1, 3, 2], [3], dx, ds), modes[k % 3])
+              for k, (dx, ds) in enumerate(itertools.product(DT, DT))]
+    return cases
+
+
+def _bn(x, stats, dx, ds):
+    return dict({"X": [(x, dx)]}, **{s: [(stats, ds)] for s in ("Scale", "Bias", "Mean",
+                                                                  "Variance")})
+
+
+def _ln_cases():
+    xs = [[-1, 4], [2, 3, 4], [-1, 3, 4], [4], [], [0, 3], [2, -1]]
+    params = [None, [4], [12], [3, 4], [-1], [1], [0]]
+    cases = []
+    for x, p, b in itertools.product(xs, params, (-1, 0, 1, 2, 5)):
+        ins = {"X": [(x, F32)]}
+        if p is not None:
+            ins["Scale"] = [(p, F32)]
+            ins["Bias"] = [(p, F32)]
+        cases.append((ins, {"begin_norm_axis": b, "epsilon": 1e-5 if b else 3}))
+    cases += [({"X": [([-1, 4], dx)], "Scale": [([4], ds)]}, {})
+              for dx, ds in itertools.product(DT, DT)]
+    cases += [({"X": [([-1, 4], dx)]}, {"epsilon": e}) for dx in DT for e in (0, 10 ** 30)]
+    return cases
+
+
+def _ce_cases(slot, axes):
+    xs = [[-1, 5], [2, 3, 5], [-1, 1], [5], [], [0, 5], [3, -1], [-1, 4, 5]]
+    labels = [[-1, 1], [-1], [2, 3, 1], [2, 1], [-1, 4, 1], [-1, 5], [1], [], [8, 1], [0, 1]]
+    cases = [({slot: [(x, F32)], "Label": [(lab, dt)]},
+              {"soft_label": soft, "ignore_index": ig, **ax})
+             for x, lab in itertools.product(xs, labels) for soft, dt in ((False, "int64"),
+                                                                          (True, F32))
+             for ig in (-100, 2 ** 64) for ax in axes]
+    cases += [({slot: [([-1, 5], dx)], "Label": [([-1, 1], dl)]}, {"soft_label": soft})
+              for dx, dl in itertools.product(DT, DT) for soft in (False, True)]
+    cases += [({slot: [([-1, 5], F32)], "Label": [([-1, 1], "int64")]}, {"ignore_index": ig})
+              for ig in _ints()]
+    return cases
+
+
+SPECIAL = {"batch_norm": _bn_cases, "layer_norm": _ln_cases,
+           "cross_entropy": lambda: _ce_cases("X", [{}]),
+           "softmax_with_cross_entropy": lambda: _ce_cases(
+               "Logits", [{"axis": a} for a in (-1, 0, 1, 2, -3)])}
+
+
 def _cases(op_type):
+    if op_type in SPECIAL:
+        return SPECIAL[op_type]()
     op_def = get_op_def(op_type)
     names = [s.name for s in op_def.inputs]
     if names == ["X", "Y"]:  # broadcasting binary ops
@@ -98,5 +154,6 @@ def test_the_rule_gives_what_the_probe_gives(op_type):
 def test_the_slow_ops_have_rules():
     # their meta kernels run torch's Python decompositions (0.3-2 ms a run, issue 46)
     for t in ("gelu", "relu", "log_softmax", "scale", "square", "elementwise_add",
-              "elementwise_pow", "square_error_cost", "mean", "dropout"):
+              "elementwise_pow", "square_error_cost", "mean", "dropout", "batch_norm",
+              "layer_norm", "cross_entropy", "softmax_with_cross_entropy"):
         assert get_op_def(t).rule is not None, t

@@ -9,7 +9,7 @@ probability distribution per sample instead. The class axis is the last one for
 import torch
 
 from .registry import ShapeRule, register_op
-from .shape_rules import broadcast
+from .shape_rules import broadcast, gather, number_class, numel, wrap_axis
 
 _CE_ATTRS = {"soft_label": ("bool", False), "ignore_index": ("int", -100)}
 
@@ -29,7 +29,40 @@ def _soft(logp, label, axis):
     return -(label * logp).sum(dim=axis, keepdim=True)
 
 
-@register_op("cross_entropy", ["X", "Label!"], ["Y"], _CE_ATTRS)
+def _loss_shape(logits, label, attrs, axis):
+    """The shape of the loss ``_pick`` or ``_soft`` makes of ``logits`` and ``label``."""
+    if attrs["soft_label"]:
+        p = broadcast(label, logits)
+        if p:
+            p[wrap_axis(axis, len(p))] = 1
+        return p
+    lab = label if len(label) == len(logits) else \
+        list(label[:wrap_axis(axis, len(label) + 1)]) + [1] + \
+        list(label[wrap_axis(axis, len(label) + 1):])
+    return gather(logits, axis, lab)
+
+
+def _canon_label(logits, label, attrs):
+    """A one-element (or empty) label the dtype run takes the kernel's path with: the soft
+    path promotes label with logits (0-dim or not matters), the hard one unsqueezes a
+    label of another rank than logits' (a rank-1 stand-in for logits: [] then) and gathers."""
+    if attrs["soft_label"]:
+        return [1] if label else []
+    if not numel(label):
+        return [0]
+    return [1] if len(label) == len(logits) and logits else []
+
+
+def _ce_canon(ins, attrs):
+    x = ins["X"][0]
+    return {"X": [1] if x else [], "Label": _canon_label(x, ins["Label"][0], attrs)}, {
+        "soft_label": attrs["soft_label"],
+        "ignore_index": number_class(attrs["ignore_index"], -100)}
+
+
+@register_op("cross_entropy", ["X", "Label!"], ["Y"], _CE_ATTRS, rule=ShapeRule(
+    lambda ins, attrs: {"Y": _loss_shape(ins["X"][0], ins["Label"][0], attrs, -1)},
+    _ce_canon))
 def cross_entropy(ins, attrs):
     """Y = -log(X[label]) per sample, where X holds probabilities over its last dim."""
     x, label = ins["X"], ins["Label"]
@@ -38,8 +71,22 @@ def cross_entropy(ins, attrs):
     return {"Y": _pick(torch.log(x), label, attrs["ignore_index"], -1)}
 
 
+def _swce_shapes(ins, attrs):
+    logits = ins["Logits"][0]
+    if not logits:
+        raise ZeroDivisionError("integer modulo by zero")  # axis % rank, as the kernel does
+    axis = attrs["axis"] % len(logits)
+    return {"Softmax": logits, "Loss": _loss_shape(logits, ins["Label"][0], attrs, axis)}
+
+
+def _swce_canon(ins, attrs):
+    return {"Logits": [1], "Label": _canon_label(ins["Logits"][0], ins["Label"][0], attrs)}, {
+        "soft_label": attrs["soft_label"],
+        "ignore_index": number_class(attrs["ignore_index"], -100), "axis": -1}
+
+
 @register_op("softmax_with_cross_entropy", ["Logits", "Label!"], ["Softmax!", "Loss"],
-             dict(_CE_ATTRS, axis=("int", -1)))
+             dict(_CE_ATTRS, axis=("int", -1)), rule=ShapeRule(_swce_shapes, _swce_canon))
 def softmax_with_cross_entropy(ins, attrs):
     """Loss = cross entropy of softmax(Logits) against Label, computed stably."""
     logits, label, axis = ins["Logits"], ins["Label"], attrs["axis"] % ins["Logits"].dim()

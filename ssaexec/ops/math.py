@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .guards_hand import kernel
 from .registry import ShapeRule, get_op_def, register_grad, register_op
-from .shape_rules import SAME_X, broadcast, wrap_axis
+from .shape_rules import SAME_X, broadcast, number_class, wrap_axis
 
 # checks its arguments (a broadcasting kernel), but hand-written ops take every ATen
 # overload they call from the guard layer (ssaexec.ops.guards_hand.kernel), which decides
@@ -189,17 +189,10 @@ def matmul_grad(ins, attrs, wanted):
     return out
 
 
-def _number_class(v):
-    """A stand-in for number ``v`` in a dtype run: the result dtype follows its type, and
-    an int outside int64 and uint64 fails to convert (torch's Scalar)."""
-    if isinstance(v, float):
-        return 1.0
-    return 1 if -2 ** 63 <= v < 2 ** 64 else 2 ** 64 if v > 0 else -2 ** 63 - 1
-
-
 def _scale_canon(ins, attrs):
+    # the result dtype follows the numbers' types (an int scale keeps an int X int)
     return {"X": [1] if ins["X"][0] else []}, {
-        "scale": _number_class(attrs["scale"]), "bias": _number_class(attrs["bias"]),
+        "scale": number_class(attrs["scale"], 1), "bias": number_class(attrs["bias"], 0),
         "bias_after_scale": attrs["bias_after_scale"]}
 
 

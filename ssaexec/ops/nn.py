@@ -23,9 +23,11 @@ stops at a device-side assert (see ``lookup_table``). The kernel fuzzer
 import torch
 import torch.nn.functional as F
 
+from ..errors import ProgramError
+from .guards import GuardError
 from .guards_hand import kernel
 from .registry import ShapeRule, register_grad, register_op
-from .shape_rules import like
+from .shape_rules import broadcast, like, number_class, numel
 
 _CONVOLUTION = kernel("aten.convolution.default")
 _CONVOLUTION_BACKWARD = kernel("aten.convolution_backward.default")
@@ -68,8 +70,58 @@ _BN_ATTRS = {"momentum": ("float", 0.9), "epsilon": ("float", 1e-5), "is_test": 
              "use_global_stats": ("bool", False), "data_layout": ("str", "NCHW")}
 
 
+def _guard_check(overload, *args):
+    """Run the guard of hand-written ``overload`` alone, as its call would (shape rules)."""
+    try:
+        overload._check(overload.op_type, *args)
+    except ProgramError as e:
+        raise GuardError(str(e)) from None
+
+
+_BN_STATS = ("Scale", "Bias", "Mean", "Variance")
+
+
+def _bn_shapes(ins, attrs):
+    # the guard reads shapes only: it runs on meta tensors of the probe's sizes
+    x = ins["X"][0]
+    mean, var = ins["Mean"][0], ins["Variance"][0]
+    training = not (attrs["is_test"] or attrs["use_global_stats"])
+    _guard_check(_BATCH_NORM, torch.empty(x, device="meta"),
+                 *[torch.empty(ins[s][0], device="meta") for s in _BN_STATS], training)
+    # then what torch's meta kernel (a Python decomposition) does with the shapes
+    c = x[1]
+    tail = [1] * (len(x) - 2)
+    if training:
+        # it corrects the running variance by n / (n - 1), n = numel / channels
+        if c == 0 or numel(x) == c:
+            raise ZeroDivisionError("float division by zero")
+        for stat in (mean, var):  # stat.copy_(momentum * batch stat [C] + ... * stat)
+            if broadcast(broadcast([c], stat), stat) != list(stat):
+                raise RuntimeError(f"the running statistics' update of shape [{c}] does not "
+                                   f"broadcast to their shape {list(stat)}")
+        y, saved = list(x), ([c], [c])
+    else:
+        # (x - mean) * invstd, each statistic unsqueezed at the end to rank(X) - 1
+        y = x
+        for stat in (mean, var):
+            y = broadcast(y, list(stat) + [1] * (len(x) - 1 - len(stat)))
+        saved = (mean, var)
+    for _ in ("Scale", "Bias"):  # flattened, [C, 1, ...]
+        y = broadcast(y, [c] + tail)
+    return {"Y": y, "MeanOut": mean, "VarianceOut": var, "SavedMean": saved[0],
+            "SavedVariance": saved[1]}
+
+
+def _bn_canon(ins, attrs):
+    return dict({"X": [2, 1]}, **{s: [1] for s in _BN_STATS}), {
+        "momentum": number_class(attrs["momentum"], 0.9),
+        "epsilon": number_class(attrs["epsilon"], 1e-5), "is_test": attrs["is_test"],
+        "use_global_stats": attrs["use_global_stats"], "data_layout": "NCHW"}
+
+
 @register_op("batch_norm", ["X", "Scale", "Bias", "Mean!", "Variance!"],
-             ["Y", "MeanOut!", "VarianceOut!", "SavedMean!", "SavedVariance!"], _BN_ATTRS)
+             ["Y", "MeanOut!", "VarianceOut!", "SavedMean!", "SavedVariance!"], _BN_ATTRS,
+             rule=ShapeRule(_bn_shapes, _bn_canon))
 def batch_norm(ins, attrs):
     """Y = batch-normalised X; training mode also updates the running statistics."""
     x = ins["X"]
@@ -130,8 +182,27 @@ def pool2d(ins, attrs):
     return {"Out": out}
 
 
+def _ln_shapes(ins, attrs):
+    x = ins["X"][0]
+    shape = x[attrs["begin_norm_axis"]:]
+    for s in ("Scale", "Bias"):
+        if s in ins and numel(ins[s][0]) != numel(shape):
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size "
+                               f"{numel(ins[s][0])}")
+    if not shape:
+        raise RuntimeError("Expected normalized_shape to be at least 1-dimensional, i.e., "
+                           "containing at least one element, but got normalized_shape = []")
+    return {"Y": x}
+
+
+def _ln_canon(ins, attrs):
+    return dict({"X": [1]}, **{s: [1] for s in ("Scale", "Bias") if s in ins}), {
+        "begin_norm_axis": 0, "epsilon": number_class(attrs["epsilon"], 1e-5)}
+
+
 @register_op("layer_norm", ["X", "Scale?", "Bias?"], ["Y"],
-             {"begin_norm_axis": ("int", 1), "epsilon": ("float", 1e-5)})
+             {"begin_norm_axis": ("int", 1), "epsilon": ("float", 1e-5)},
+             rule=ShapeRule(_ln_shapes, _ln_canon))
 def layer_norm(ins, attrs):
     """Y = X normalised over dims from ``begin_norm_axis`` on, then scaled and shifted."""
     x = ins["X"]

@@ -415,10 +415,13 @@ def _meta(shape, dtype, batch):
 class ShapeRule:
     """An exact, cheap stand-in for the meta probe of one op type (module docstring).
 
-    ``shapes(ins, attrs)`` returns, per output slot, the shape the probe finds (a list
-    for a duplicable slot; -1 where it follows the batch) and raises where a probe
-    run would fail on the shapes. ``ins`` maps each given input slot to its
-    ``(shape, dtype)`` (a list of them for a duplicable slot); every shape is known.
+    ``shapes(ins, attrs)`` returns, per output slot, the output shape (a list of them
+    for a duplicable slot) for concrete input shapes, and raises where the kernel
+    would refuse them. ``ins`` maps each given input slot to its ``(shape, dtype)`` (a
+    list of them for a duplicable slot). Like the probe, ``outputs`` calls it with
+    every -1 dim as 5 and as 7 and marks an output dim that differs -1; so the -1
+    rules (a -1 against 7 passes a check ``<=`` in both runs, against 6 in neither)
+    are the probe's by construction.
 
     The dtypes, and the kernel's refusal of dtypes, come from the kernel itself, run
     once on meta tensors of one element: ``canon(ins, attrs)`` returns the shapes and
@@ -436,15 +439,20 @@ class ShapeRule:
 
     def outputs(self, op_def, ins, attrs):
         """slot -> list of (shape, dtype), as ``probe_outputs`` would give."""
-        shapes = self.shapes(ins, attrs)
+        batched = any(d < 0 for v in ins.values()
+                      for sh, _ in (v if isinstance(v, list) else [v]) for d in sh)
+        runs = [self.shapes(_at_batch(ins, b) if batched else ins, attrs)
+                for b in (_BATCH_PROBES if batched else _BATCH_PROBES[:1])]
         dtypes = self._dtypes(op_def, ins, attrs)
         out = {}
-        for slot, shape in shapes.items():
+        for slot, shape in runs[0].items():
             if slot not in dtypes:
                 continue
-            shape = shape if op_def.output_slot(slot).duplicable else [shape]
-            out[slot] = [None if dt is None else (list(sh), dt)
-                         for sh, dt in zip(shape, dtypes[slot], strict=True)]
+            dup = op_def.output_slot(slot).duplicable
+            a, b = (shape, runs[-1][slot]) if dup else ([shape], [runs[-1][slot]])
+            out[slot] = [None if dt is None else
+                         ([da if da == db else -1 for da, db in zip(sa, sb, strict=True)], dt)
+                         for sa, sb, dt in zip(a, b, dtypes[slot], strict=True)]
         return out
 
     def _dtypes(self, op_def, ins, attrs):
@@ -484,6 +492,12 @@ class ShapeRule:
 
 def _one(shape):
     return [] if not shape else [1]
+
+
+def _at_batch(ins, batch):
+    def sub(spec):
+        return [batch if d < 0 else d for d in spec[0]], spec[1]
+    return {k: [sub(s) for s in v] if isinstance(v, list) else sub(v) for k, v in ins.items()}
 
 
 # (op type, canonical shapes, dtypes, attrs) -> {slot: [dtype name]} or the kernel's error;

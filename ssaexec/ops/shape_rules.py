@@ -1,23 +1,18 @@
 """Shape arithmetic for ``ShapeRule``s: what the meta probe finds, without running it.
 
-A rule (``ssaexec.ops.registry.ShapeRule``) must give exactly the probe's result:
-the probe runs the kernel with every -1 dim as 5 and as 7, marks an output dim that
-differs -1, and fails when either run fails. So here a -1 dim is a size B that
-takes two values: -1 against -1 or against 1 broadcasts to -1, and -1 against any
-other size fails in one of the runs (5 != c or 7 != c), hence always fails.
+A rule (``ssaexec.ops.registry.ShapeRule``) must give exactly the probe's result.
+Its shape function sees concrete sizes (the rule runs it with each -1 as 5 and as
+7, as the probe runs the kernel), so these are torch's rules for concrete shapes.
 ``tests/test_infer_rules.py`` checks every rule against the probe.
 """
 
 from .registry import ShapeRule
 
-__all__ = ["broadcast", "like", "wrap_axis", "SAME_X"]
+__all__ = ["broadcast", "gather", "like", "wrap_axis", "number_class", "numel", "SAME_X"]
 
 
 def broadcast(a, b):
-    """The broadcast of shapes ``a`` and ``b`` (-1: the batch), as the probe finds it.
-
-    Raises ``RuntimeError`` where a probe run fails.
-    """
+    """The broadcast of shapes ``a`` and ``b``; ``RuntimeError`` where they do not broadcast."""
     out = []
     n = max(len(a), len(b))
     a = [1] * (n - len(a)) + list(a)
@@ -29,8 +24,27 @@ def broadcast(a, b):
             out.append(y)
         else:
             raise RuntimeError(f"the size {x} of shape {a} must match the size {y} of shape "
-                               f"{b} at dimension {i} (-1 is any batch size)")
+                               f"{b} at dimension {i}")
     return out
+
+
+def numel(shape):
+    """The number of elements of ``shape``."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def number_class(v, stand_in):
+    """What number attribute ``v`` is to a dtype run: ``stand_in`` of its type, or an
+    int that, like ``v``, does not convert to a C number (torch's Scalar and double
+    arguments take ints within int64/uint64 and floats only)."""
+    if isinstance(v, float):
+        return float(stand_in)
+    if -2 ** 63 <= v < 2 ** 64:
+        return int(stand_in)
+    return 2 ** 64 if v > 0 else -2 ** 63 - 1
 
 
 def wrap_axis(axis, rank):
@@ -40,6 +54,25 @@ def wrap_axis(axis, rank):
         raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
                          f"but got {axis})")
     return axis % n
+
+
+def gather(inp, dim, index):
+    """The shape of ``inp.gather(dim, index)`` (torch's shape check, which an empty index
+    skips; a 0-dim tensor counts as one of shape [1])."""
+    d = wrap_axis(dim, len(inp))
+    n = max(len(inp), 1)
+    if numel(index):
+        if max(len(index), 1) != n:
+            raise RuntimeError("Index tensor must have the same number of dimensions as "
+                               "input tensor")
+        for i in range(n):
+            a = index[i] if index else 1
+            b = inp[i] if inp else 1
+            if i != d and a > b:
+                raise RuntimeError(f"Size does not match at dimension {i} expected index "
+                                   f"{list(index)} to be no larger than self {list(inp)} "
+                                   f"apart from dimension {d}")
+    return list(index)
 
 
 def like(src, *outs):
