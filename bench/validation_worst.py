@@ -14,8 +14,9 @@ files in their densest forms and times loading plus validating them:
 
 Each (form, variant) file is first timed at an eighth of the size to find the op
 type's worst one (CPU seconds per byte), which is then written just under
-``--bytes`` (1,000,000) and timed in full: load (parse) and validate, CPU seconds of
-this process. Op types that own a sub-block (control flow, parameter server) have no
+``--bytes`` (1,000,000) and timed in full in a fresh process, as the command line
+would read it: load (parse) and validate, CPU seconds of that process (this one
+holds every file it built, which makes Python's garbage collector slower). Op types that own a sub-block (control flow, parameter server) have no
 template; their shape rules are constant-time (``infer=``) like the grad ops'.
 
 ``python bench/validation_worst.py [--types gelu,batch_norm] [--top 15] [--bytes N]
@@ -27,7 +28,9 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -305,6 +308,32 @@ def measure(text, form):
     return t1 - t0, time.process_time() - t1, None
 
 
+_CHILD = """
+import json, sys, time
+import ssaexec as se
+t0 = time.process_time()
+try:
+    p = se.load_program(sys.argv[1])
+    t1 = time.process_time()
+    p.validate()
+    print(json.dumps({"load_s": t1 - t0, "validate_s": time.process_time() - t1}))
+except se.ProgramError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def measure_fresh(text, form):
+    """``measure`` in a fresh Python process reading the file (what ``ssaexec`` would do)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"worst.{form}"
+        path.write_text(text)
+        out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
+                             text=True, check=True,
+                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve()
+                                                               .parents[1])))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def file_under(op_type, variant, form, limit):
     """(text, ops) of the largest ``variant`` file in ``form`` under ``limit`` bytes."""
     write = WRITERS[form]
@@ -339,10 +368,11 @@ def worst(op_type, limit, quick):
                    validate_s=valid * scale, estimated=True)
     else:
         text, count = file_under(op_type, variant, form, limit)
-        load, valid, err = measure(text, form)
-        if err is not None:
-            return {"type": op_type, "error": f"{variant}/{form}: {err}"}
-        row.update(ops=count, bytes=len(text), load_s=load, validate_s=valid, estimated=False)
+        got = measure_fresh(text, form)
+        if "error" in got:
+            return {"type": op_type, "error": f"{variant}/{form}: {got['error']}"}
+        row.update(ops=count, bytes=len(text), load_s=got["load_s"],
+                   validate_s=got["validate_s"], estimated=False)
     row["total_s"] = row["load_s"] + row["validate_s"]
     return row
 

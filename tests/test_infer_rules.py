@@ -119,7 +119,39 @@ def _ce_cases(slot, axes):
     return cases
 
 
-SPECIAL = {"batch_norm": _bn_cases, "layer_norm": _ln_cases,
+def _sum_cases():
+    shapes = [[-1, 3], [3], [], [1, 3], [-1, 1], [2, 3], [0, 3]]
+    cases = [({"X": [(a, F32), (b, F32), (c, F32)][:n]}, {})
+             for a, b, c in itertools.product(shapes, repeat=3) for n in (1, 2, 3)]
+    cases += [({"X": [([-1, 3], a), ([3], b), ([], c), ([-1, 3], a)]}, {})
+              for a, b, c in itertools.product(DT, DT, ("bool", "int64", F32, "float16"))]
+    return cases
+
+
+def _matmul_cases():
+    shapes = [[3], [4], [2, 3], [3, 4], [-1, 3], [3, -1], [2, 3, 4], [-1, 4, 3], [1, 3, 4],
+              [], [0, 3], [2, 1, 3, 4]]
+    flags = [{"transpose_X": tx, "transpose_Y": ty, "alpha": al}
+             for tx, ty, al in ((False, False, 1.0), (True, False, 2), (False, True, 1),
+                                (True, True, 0.5))]
+    cases = [({"X": [(a, F32)], "Y": [(b, F32)]}, f)
+             for a, b in itertools.product(shapes, shapes) for f in flags]
+    cases += [({"X": [(a, da)], "Y": [(b, db)]}, {"alpha": al})
+              for a, b in (([2, 3], [3, 4]), ([3], [3])) for da, db in itertools.product(DT, DT)
+              for al in (1.0, 2, 2 ** 64)]
+    return cases
+
+
+def _reduce_cases():
+    attrs = [{"dim": d, "keep_dim": k, "reduce_all": r}
+             for d in ([0], [1], [-1], [0, 1], [0, 0], [0, -2], [], [3], [-3])
+             for k in (False, True) for r in (False, True)]
+    return _x_cases(attrs)
+
+
+SPECIAL = {"batch_norm": _bn_cases, "sum": _sum_cases, "matmul": _matmul_cases,
+           "reduce_sum": _reduce_cases, "reduce_mean": _reduce_cases,
+           "reduce_max": _reduce_cases, "layer_norm": _ln_cases,
            "cross_entropy": lambda: _ce_cases("X", [{}]),
            "softmax_with_cross_entropy": lambda: _ce_cases(
                "Logits", [{"axis": a} for a in (-1, 0, 1, 2, -3)])}
@@ -155,5 +187,6 @@ def test_the_slow_ops_have_rules():
     # their meta kernels run torch's Python decompositions (0.3-2 ms a run, issue 46)
     for t in ("gelu", "relu", "log_softmax", "scale", "square", "elementwise_add",
               "elementwise_pow", "square_error_cost", "mean", "dropout", "batch_norm",
-              "layer_norm", "cross_entropy", "softmax_with_cross_entropy"):
+              "layer_norm", "cross_entropy", "softmax_with_cross_entropy", "sum", "matmul",
+              "reduce_mean", "reduce_sum", "reduce_max"):
         assert get_op_def(t).rule is not None, t

@@ -155,7 +155,39 @@ def _t(a, flag):
     return a.transpose(-1, -2) if flag and a.dim() >= 2 else a
 
 
-@register_op("matmul", ["X", "Y"], ["Out"], _MATMUL_ATTRS)
+def _matmul_shapes(ins, attrs):
+    x, y = list(ins["X"][0]), list(ins["Y"][0])
+    if attrs["transpose_X"] and len(x) >= 2:
+        x[-1], x[-2] = x[-2], x[-1]
+    if attrs["transpose_Y"] and len(y) >= 2:
+        y[-1], y[-2] = y[-2], y[-1]
+    if not x or not y:
+        raise RuntimeError("both arguments to matmul need to be at least 1D")
+    if len(x) == 1 and len(y) == 1:
+        if x != y:
+            raise RuntimeError(f"inconsistent tensor size: {x} and {y}")
+        return {"Out": []}
+    xm = [1] + x if len(x) == 1 else x
+    ym = y + [1] if len(y) == 1 else y
+    if xm[-1] != ym[-2]:
+        raise RuntimeError(f"size mismatch: {x} @ {y}")
+    out = broadcast(xm[:-2], ym[:-2]) + [xm[-2], ym[-1]]
+    if len(x) == 1:
+        del out[-2]
+    if len(y) == 1:
+        del out[-1]
+    return {"Out": out}
+
+
+def _matmul_canon(ins, attrs):
+    alpha = attrs["alpha"]
+    return {s: [1] if len(ins[s][0]) == 1 else [1, 1] for s in ("X", "Y")}, {
+        "transpose_X": False, "transpose_Y": False,
+        "alpha": 1.0 if alpha == 1.0 else number_class(alpha, 2)}
+
+
+@register_op("matmul", ["X", "Y"], ["Out"], _MATMUL_ATTRS,
+             rule=ShapeRule(_matmul_shapes, _matmul_canon))
 def matmul(ins, attrs):
     """Out = alpha * op(X) @ op(Y) with optional transposes; batched like torch.matmul."""
     out = torch.matmul(_t(ins["X"], attrs["transpose_X"]), _t(ins["Y"], attrs["transpose_Y"]))
@@ -206,7 +238,32 @@ def scale(ins, attrs):
     return {"Out": out}
 
 
-@register_op("sum", ["X*"], ["Out"])
+def _sum_shapes(ins, attrs):
+    xs = [sh for sh, _ in ins["X"]]
+    out = list(xs[0]) if len(xs) == 1 else broadcast(xs[0], xs[1])
+    for t in xs[2:]:  # added in place: t must broadcast to the result's shape
+        if broadcast(out, t) != out:
+            raise RuntimeError(f"output with shape {out} doesn't match the broadcast shape "
+                               f"{broadcast(out, t)}")
+    return {"Out": out}
+
+
+def _one_of(spec):
+    return [1] if spec[0] else []
+
+
+def _sum_canon(ins, attrs):
+    # the first two make the result's dtype; each later one is added to it in place,
+    # which refuses a dtype the result cannot hold: one run per distinct later input
+    xs = ins["X"]
+    head = [_one_of(s) for s in xs[:2]]
+    runs = [({"X": head}, {}, {"X": xs[:2]})]
+    for later in sorted({(tuple(_one_of(s)), s[1]) for s in xs[2:]}):
+        runs.append(({"X": head + [list(later[0])]}, {}, {"X": xs[:2] + [(None, later[1])]}))
+    return runs
+
+
+@register_op("sum", ["X*"], ["Out"], rule=ShapeRule(_sum_shapes, _sum_canon))
 def sum_(ins, attrs):
     """Out = X[0] + X[1] + ... (gradient accumulation)."""
     xs = ins["X"]
@@ -225,6 +282,27 @@ def mean(ins, attrs):
 _REDUCE_ATTRS = {"dim": ("ints", [0]), "keep_dim": ("bool", False), "reduce_all": ("bool", False)}
 
 
+def _reduce_rule(no_identity):
+    def shapes(ins, attrs):
+        x = ins["X"][0]
+        n = len(x)
+        dims = [] if attrs["reduce_all"] else [wrap_axis(d, n) for d in attrs["dim"]]
+        if len(set(dims)) != len(dims):
+            raise RuntimeError("duplicate value in the list of dims")
+        dims = set(dims or range(n))
+        if no_identity and any(x[i] == 0 for i in dims if n):
+            raise RuntimeError("reducing over zero-size dimension for reduction operation "
+                               "without identity")
+        keep = attrs["keep_dim"]
+        return {"Out": [1 if i in dims else d for i, d in enumerate(x)] if keep else
+                [d for i, d in enumerate(x) if i not in dims]}
+
+    def canon(ins, attrs):
+        return {"X": _one_of(ins["X"])}, {"dim": [0], "keep_dim": False,
+                                          "reduce_all": attrs["reduce_all"]}
+    return ShapeRule(shapes, canon)
+
+
 def _reduce(name, fn):
     def kernel(ins, attrs):
         x = ins["X"]
@@ -233,7 +311,8 @@ def _reduce(name, fn):
             return {"Out": out.reshape([1] * x.dim()) if attrs["keep_dim"] else out}
         return {"Out": fn(x, dim=attrs["dim"], keepdim=attrs["keep_dim"])}
     kernel.__doc__ = f"Out = {name[7:]} of X over ``dim`` (or everything with ``reduce_all``)."
-    return register_op(name, ["X"], ["Out"], _REDUCE_ATTRS)(kernel)
+    return register_op(name, ["X"], ["Out"], _REDUCE_ATTRS,
+                       rule=_reduce_rule(fn is torch.amax))(kernel)
 
 
 _reduce("reduce_sum", torch.sum)

@@ -428,7 +428,10 @@ class ShapeRule:
     attrs of that run, ``({slot: shape or [shapes]}, attrs)``, which must keep what the
     dtypes depend on (a 0-dim input stays 0-dim: it promotes differently) and draw
     from a small set, since with the input dtypes they are the cache key. Without
-    ``canon`` every input is ``[]`` (0-dim) or ``[1]`` and the attrs are kept.
+    ``canon`` every input is ``[]`` (0-dim) or ``[1]`` and the attrs are kept. An op
+    whose inputs are many (``sum``) returns a list of runs instead, ``(shapes, attrs,
+    ins)`` each with the input specs whose dtypes it takes: all must pass, and the first
+    gives the dtypes (the run count, not its size, grows with the distinct inputs).
     """
 
     __slots__ = ("shapes", "canon")
@@ -456,11 +459,20 @@ class ShapeRule:
         return out
 
     def _dtypes(self, op_def, ins, attrs):
-        if self.canon is not None:
-            shapes, attrs = self.canon(ins, attrs)
-        else:
+        if self.canon is None:
             shapes = {k: [_one(sh) for sh, _ in v] if isinstance(v, list) else _one(v[0])
                       for k, v in ins.items()}
+            return self._run(op_def, shapes, attrs, ins)
+        runs = self.canon(ins, attrs)
+        if isinstance(runs, tuple):
+            return self._run(op_def, runs[0], runs[1], ins)
+        first = None
+        for shapes, run_attrs, run_ins in runs:
+            got = self._run(op_def, shapes, run_attrs, run_ins)
+            first = got if first is None else first
+        return first
+
+    def _run(self, op_def, shapes, attrs, ins):
         dts = {k: tuple(dt for _, dt in v) if isinstance(v, list) else v[1]
                for k, v in ins.items()}
         key = (op_def.type, repr(shapes), repr(dts), repr(attrs))
