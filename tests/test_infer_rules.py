@@ -63,6 +63,7 @@ def _ints(*values):
 ATTRS = {
     "gelu": [{"approximate": False}, {"approximate": True}],
     "log_softmax": [{"axis": a} for a in (-4, -3, -2, -1, 0, 1, 2, 3)],
+    "softmax": [{"axis": a} for a in (-4, -3, -2, -1, 0, 1, 2, 3, 2 ** 63, 2 ** 64)],
     "scale": [{"scale": s, "bias": b, "bias_after_scale": after}
               for s in _ints(2.5, float("inf"), float("nan"), -1e300)
               for b in (0.0, 1, 2 ** 64) for after in (True, False)],
@@ -185,7 +186,7 @@ def test_the_rule_gives_what_the_probe_gives(op_type):
 
 def test_the_slow_ops_have_rules():
     # their meta kernels run torch's Python decompositions (0.3-2 ms a run, issue 46)
-    for t in ("gelu", "relu", "log_softmax", "scale", "square", "elementwise_add",
+    for t in ("gelu", "relu", "softmax", "fill_zeros_like", "log_softmax", "scale", "square", "elementwise_add",
               "elementwise_pow", "square_error_cost", "mean", "dropout", "batch_norm",
               "layer_norm", "cross_entropy", "softmax_with_cross_entropy", "sum", "matmul",
               "reduce_mean", "reduce_sum", "reduce_max"):

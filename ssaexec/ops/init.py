@@ -30,6 +30,7 @@ import torch
 
 from ..dtypes import torch_dtype
 from .registry import REQUIRED, register_op
+from .shape_rules import SAME_X
 
 __all__ = ["DEVICE_KERNELS", "DeviceConstant", "register_device_kernel"]
 
@@ -89,7 +90,7 @@ register_device_kernel("fill_constant",
                        lambda device: functools.partial(fill_constant, device=device))
 
 
-@register_op("fill_zeros_like", ["X"], ["Out"], grad=None)
+@register_op("fill_zeros_like", ["X"], ["Out"], grad=None, rule=SAME_X)
 def fill_zeros_like(ins, attrs):
     """Out = zeros with the shape and dtype of X."""
     return {"Out": torch.zeros_like(ins["X"])}

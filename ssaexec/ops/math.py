@@ -348,12 +348,6 @@ def gelu(ins, attrs):
     return {"Out": F.gelu(ins["X"], approximate="tanh" if attrs["approximate"] else "none")}
 
 
-@register_op("softmax", ["X"], ["Out"], {"axis": ("int", -1)})
-def softmax(ins, attrs):
-    """Out = softmax(X) along ``axis``."""
-    return {"Out": torch.softmax(ins["X"], attrs["axis"])}
-
-
 def _log_softmax_shapes(ins, attrs):
     x = ins["X"][0]
     wrap_axis(attrs["axis"], len(x))
@@ -364,7 +358,18 @@ def _axis_canon(ins, attrs):
     return {"X": [1] if ins["X"][0] else []}, {"axis": -1}
 
 
-# (softmax keeps its probe: its meta kernel is fast, and checks no axis on a 0-dim input)
+def _softmax_canon(ins, attrs):
+    # torch's meta softmax checks no axis (any int that converts passes)
+    return {"X": [1] if ins["X"][0] else []}, {"axis": number_class(attrs["axis"], -1, 2 ** 63)}
+
+
+@register_op("softmax", ["X"], ["Out"], {"axis": ("int", -1)},
+             rule=ShapeRule(SAME_X.shapes, _softmax_canon))
+def softmax(ins, attrs):
+    """Out = softmax(X) along ``axis``."""
+    return {"Out": torch.softmax(ins["X"], attrs["axis"])}
+
+
 @register_op("log_softmax", ["X"], ["Out"], {"axis": ("int", -1)},
              rule=ShapeRule(_log_softmax_shapes, _axis_canon))
 def log_softmax(ins, attrs):

@@ -36,15 +36,16 @@ def numel(shape):
     return n
 
 
-def number_class(v, stand_in):
+def number_class(v, stand_in, top=2 ** 64):
     """What number attribute ``v`` is to a dtype run: ``stand_in`` of its type, or an
     int that, like ``v``, does not convert to a C number (torch's Scalar and double
-    arguments take ints within int64/uint64 and floats only)."""
+    arguments take ints within int64/uint64 and floats; an int argument, ``top=2**63``,
+    ints within int64)."""
     if isinstance(v, float):
         return float(stand_in)
-    if -2 ** 63 <= v < 2 ** 64:
+    if -2 ** 63 <= v < top:
         return int(stand_in)
-    return 2 ** 64 if v > 0 else -2 ** 63 - 1
+    return top if v > 0 else -2 ** 63 - 1
 
 
 def wrap_axis(axis, rank):
