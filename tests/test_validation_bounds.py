@@ -212,6 +212,72 @@ def test_validation_work_grows_with_the_file_not_faster():
         assert max(ratios) <= 1.5 * min(ratios) and max(ratios) < 0.1, ratios
 
 
+# --- many distinct ops of a slow kind (issue 46, acceptance 3) ---------------------------------
+
+def _distinct_ops(op_type, n):
+    """``n`` ops of ``op_type``, each on inputs of its own shape [-1, k] (no cache hit)."""
+    x = lambda k: ([-1, k + 2], "float32")
+    stats = lambda k: ([k + 2], "float32")
+    label = lambda k: ([-1, 1], "int64")
+    ins = {"batch_norm": {"X": x, "Scale": stats, "Bias": stats, "Mean": stats,
+                          "Variance": stats},
+           "cross_entropy": {"X": x, "Label": label},
+           "softmax_with_cross_entropy": {"Logits": x, "Label": label},
+           "matmul": {"X": x, "Y": lambda k: ([k + 2, 3], "float32")},
+           "sum": {"X": x}}.get(op_type, {"X": x, "Y": lambda k: ([1], "float32")}
+                                if op_type.startswith("elementwise") or
+                                op_type == "square_error_cost" else {"X": x})
+    outs = {"dropout": {"Out": "float32", "Mask": "uint8"},
+            "batch_norm": {s: "float32" for s in ("Y", "MeanOut", "VarianceOut", "SavedMean",
+                                                  "SavedVariance")},
+            "cross_entropy": {"Y": "float32"},
+            "softmax_with_cross_entropy": {"Softmax": "float32", "Loss": "float32"},
+            "layer_norm": {"Y": "float32"}}.get(op_type, {"Out": "float32"})
+    vars = [dict(_var(f"o_{slot}", None), dtype=dt) for slot, dt in outs.items()]
+    ops = []
+    for k in range(n):
+        inputs = {}
+        for slot, spec in ins.items():
+            shape, dtype = spec(k)
+            name = f"{slot}{k}"
+            vars.append(dict(_var(name, shape, True), dtype=dtype))
+            inputs[slot] = [name, name, name] if op_type == "sum" else [name]
+        ops.append(_op(op_type, inputs, {s: [f"o_{s}"] for s in outs}, {}))
+    return _program(vars, ops)
+
+
+SLOW = ["gelu", "relu", "square", "abs", "exp", "softmax", "log_softmax", "scale", "dropout",
+        "mean", "fill_zeros_like", "elementwise_add", "elementwise_pow", "square_error_cost",
+        "sum", "matmul", "reduce_mean", "reduce_max", "layer_norm", "batch_norm",
+        "cross_entropy", "softmax_with_cross_entropy"]
+# ATen calls per further distinct op: a shape rule runs no kernel (its dtypes come from one
+# run on one-element tensors, cached), batch_norm's guard reads meta tensors of both batch
+# sizes (5 inputs x 2); the meta probe it replaced made 4 to 16 an op, each a slow decomposition
+PER_OP = {"batch_norm": 10}
+
+
+@pytest.mark.parametrize("op_type", SLOW)
+def test_distinct_slow_ops_cost_no_kernel_run_each(op_type):
+    calls = []
+    for n in (20, 60):
+        count, err = _load_and_validate(_distinct_ops(op_type, n), ".json")
+        assert err is None, err
+        calls.append(count)
+    per_op = (calls[1] - calls[0]) / 40
+    assert per_op <= PER_OP.get(op_type, 0), (op_type, calls)
+
+
+def test_one_run_probes_inputs_without_a_batch_dim():
+    # an op without a rule (transpose) and no -1 in its inputs runs its kernel once, not twice
+    text = _program([_var("x", [2, 3], True), _var("y", [3, 2])],
+                    [_op("transpose", {"X": ["x"]}, {"Out": ["y"]}, {"axis": [1, 0]})])
+    batched = _program([_var("x", [-1, 3], True), _var("y", [3, -1])],
+                       [_op("transpose", {"X": ["x"]}, {"Out": ["y"]}, {"axis": [1, 0]})])
+    once, err = _load_and_validate(text, ".json")
+    twice, err2 = _load_and_validate(batched, ".json")
+    assert err is None and err2 is None and 0 < once and twice == 2 * once
+
+
 # --- Paddle: PIR and legacy --------------------------------------------------------------------
 
 def _pir(change):
