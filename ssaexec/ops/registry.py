@@ -419,9 +419,8 @@ class ShapeRule:
     for a duplicable slot) for concrete input shapes, and raises where the kernel
     would refuse them. ``ins`` maps each given input slot to its ``(shape, dtype)`` (a
     list of them for a duplicable slot). Like the probe, ``outputs`` calls it with
-    every -1 dim as 5 and as 7 and marks an output dim that differs -1; so the -1
-    rules (a -1 against 7 passes a check ``<=`` in both runs, against 6 in neither)
-    are the probe's by construction.
+    every -1 dim as 5 and as 7 and marks an output dim that differs -1, so what a -1
+    may meet (a 1, another -1, a bound of at least 7) is the probe's by construction.
 
     The dtypes, and the kernel's refusal of dtypes, come from the kernel itself, run
     once on meta tensors of one element: ``canon(ins, attrs)`` returns the shapes and
