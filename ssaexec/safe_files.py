@@ -14,7 +14,8 @@ Policy:
   a symlink points at is never touched. A FIFO, socket or device at the target is
   refused (``NotRegularFile``), never replaced. On any failure the temporary file is
   removed and the target is unchanged.
-* **Regular files only** (``open_regular``): a read opens the name with ``O_NONBLOCK``
+* **Regular files only** (``open_regular``, ``read_regular``; every file a user names
+  to be read: programs, startup and parameter files, traces, feeds): a read opens the name with ``O_NONBLOCK``
   (opening a FIFO for reading would otherwise wait for a writer forever) and, where
   asked, ``O_NOFOLLOW``; then ``fstat`` on the open descriptor (not on the name, which
   could change in between) refuses anything that is not a regular file: FIFOs, sockets,
@@ -25,7 +26,8 @@ import os
 import stat
 import tempfile
 
-__all__ = ["atomic_write", "open_regular", "fd_path", "replace_problem", "NotRegularFile"]
+__all__ = ["atomic_write", "open_regular", "read_regular", "fd_path", "replace_problem",
+           "NotRegularFile"]
 
 
 class NotRegularFile(OSError):
@@ -75,6 +77,14 @@ def open_regular(path, follow_symlinks=True):
         os.close(fd)
         raise
     return fd
+
+
+def read_regular(path):
+    """The bytes of ``path`` when it is a regular file (``open_regular``, symlinks
+    followed): a FIFO is ``NotRegularFile``, never waited on (``ssaexec dump FIFO`` hung),
+    and a device is never read without end (``/dev/zero`` as a program file)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
 
 
 def fd_path(fd, path):

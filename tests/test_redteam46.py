@@ -176,3 +176,49 @@ def test_a_var_read_by_many_ops_builds_its_graph_in_linear_work(monkeypatch):
         return _ScanCount.walked
     small, big = walked(200), walked(800)
     assert big <= 6 * max(small, 1), (small, big)  # linear: 4x; it was 16x
+
+
+# --- class 6: a FIFO or a device where a file is read: refused, never waited on ---------------
+@pytest.mark.timeout(60)  # a regression would block on the FIFO's open: fail, not hang
+def test_a_fifo_or_device_named_as_any_input_file_is_refused_not_waited_on(cli, tmp_path):
+    # ``ssaexec dump FIFO.json`` (or --startup, a .pdiparams, viz --trace, simulate
+    # --profile/--cluster) blocked forever opening it; /dev/zero was read without end
+    import ssaexec as se
+    from ssaexec.errors import ProgramError, SSAExecError
+    from ssaexec.frontends.paddle.params import load_params
+    from ssaexec.graph.explorer import load_trace
+    from ssaexec.sim.cluster import get_cluster
+    from ssaexec.sim.profile import Profile
+    for name in ("m.json", "m.ssa", "m.pdmodel", "m.pdiparams", "trace.json"):
+        os.mkfifo(tmp_path / name)
+    for name in ("m.json", "m.ssa", "m.pdmodel"):
+        with pytest.raises(ProgramError, match=r"is a FIFO \(named pipe\), not a program file"):
+            se.load_program(tmp_path / name)
+    with pytest.raises(ProgramError, match="is a FIFO .*not a parameter file"):
+        load_params(tmp_path / "m.pdiparams", ["w"])
+    fifo = tmp_path / "trace.json"
+    for read in (load_trace, Profile.from_trace, get_cluster):
+        with pytest.raises(SSAExecError, match="is a FIFO"):
+            read(str(fifo))
+    if os.path.exists("/dev/zero"):
+        os.symlink("/dev/zero", tmp_path / "zero.json")
+        with pytest.raises(ProgramError, match="is a character device, not a program file"):
+            se.load_program(tmp_path / "zero.json")
+    res = cli(["run", example("uci_housing.json"), "--places", PLACES, "--steps", 1,
+               "--startup", tmp_path / "m.json"])
+    assert_clean_error(res, "m.json: is a FIFO (named pipe), not a program file")
+    assert all(Path(tmp_path / n).is_fifo() for n in ("m.json", "trace.json"))
+
+
+def test_a_cluster_file_is_read_as_strictly_as_a_program(tmp_path):
+    # json.load: 100,000 nested brackets were a RecursionError (an internal error)
+    from ssaexec.errors import SSAExecError
+    from ssaexec.sim.cluster import get_cluster
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(SSAExecError, match="not a cluster description .*max_nesting"):
+        get_cluster(str(deep))
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"a": NaN}')
+    with pytest.raises(SSAExecError, match="not a cluster description .*NaN"):
+        get_cluster(str(nan))

@@ -132,12 +132,13 @@ def register(add):
 def _profile(args, program, cluster):
     from ..errors import ProgramError, SSAExecError
     from ..program.json_scan import load_bounded
+    from ..safe_files import read_regular
     from ..sim import Profile
     if args.profile:
         try:
-            with open(args.profile, encoding="utf-8") as f:
-                # untrusted like a program: bounded nesting, finite numbers (json_scan)
-                doc = load_bounded(f.read(), args.profile)
+            # untrusted like a program: a regular file (a FIFO is refused, not waited on),
+            # bounded nesting, finite numbers (json_scan)
+            doc = load_bounded(read_regular(args.profile).decode("utf-8"), args.profile)
         except OSError as e:
             raise UsageError(f"{args.profile}: cannot read: {e.strerror or e}") from None
         except (ValueError, ProgramError) as e:

@@ -54,6 +54,7 @@ import re
 from importlib import resources
 
 from ..errors import ProgramError, SSAExecError
+from ..safe_files import read_regular
 from .analysis import critical_path, op_levels
 from .ssa import ComputationOpHandle
 
@@ -304,8 +305,7 @@ def load_trace(path):
     """
     from ..program.json_scan import load_bounded
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_regular(path).decode("utf-8")  # a FIFO: refused, not waited on
     except OSError as e:
         raise SSAExecError(f"{path}: cannot read trace: {e.strerror or e}") from None
     except ValueError as e:  # not UTF-8

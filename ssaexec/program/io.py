@@ -16,6 +16,7 @@ wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
 from pathlib import Path
 
 from ..errors import ProgramError
+from ..safe_files import NotRegularFile, read_regular
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 
@@ -115,9 +116,11 @@ def load_program(path, validate=False):
     _, reader = (None, None) if binary is not None else _format(path)
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)  # a FIFO or a device is refused, not waited on
     except FileNotFoundError:
         raise ProgramError(f"{path}: no such program file") from None
+    except NotRegularFile as e:
+        raise ProgramError(f"{path}: is {e.kind}, not a program file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read program file: {e.strerror or e}") from None
     for sniff, foreign in SNIFFERS.get(path.suffix.lower(), ()):

@@ -285,13 +285,15 @@ def get_cluster(name_or_path):
         return name_or_path
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    import json
     import os
+
+    from ..program.json_scan import load_bounded
+    from ..safe_files import read_regular
     if os.path.exists(name_or_path):
-        try:
-            with open(name_or_path, encoding="utf-8") as f:
-                return Cluster.from_dict(json.load(f))
-        except (OSError, ValueError, TypeError, KeyError) as e:
+        try:  # a regular file (a FIFO is refused, not waited on), bounded like a program
+            text = read_regular(name_or_path).decode("utf-8")
+            return Cluster.from_dict(load_bounded(text, name_or_path))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, SSAExecError) as e:
             raise SSAExecError(f"{name_or_path}: not a cluster description ({e})") from None
     raise SSAExecError(f"unknown cluster {name_or_path!r}: use one of {', '.join(PRESETS)} or a "
                    "JSON file written by Cluster.to_dict (bench/validate_sim.py writes one)")

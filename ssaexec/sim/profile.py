@@ -32,6 +32,7 @@ import re
 import statistics
 
 from ..errors import SSAExecError
+from ..safe_files import read_regular
 from ..graph.ssa import ComputationOpHandle, FetchOpHandle
 
 __all__ = ["OpCost", "Profile", "op_key", "PRECISIONS"]
@@ -415,8 +416,8 @@ def _load(trace):
         return trace
     from ..program.json_scan import load_bounded
     try:
-        with open(trace, encoding="utf-8") as f:
-            return load_bounded(f.read(), str(trace))  # bounded like a program file
+        text = read_regular(trace).decode("utf-8")  # a FIFO: refused, not waited on
+        return load_bounded(text, str(trace))  # bounded like a program file
     except OSError as e:
         raise SSAExecError(f"{trace}: cannot read the trace: {e.strerror or e}") from None
     except (ValueError, SSAExecError) as e:

@@ -49,6 +49,7 @@ runs a program with a parameter file decodes it against the program being run
 """
 
 import collections
+import os
 from pathlib import Path
 
 from ...errors import ProgramError
@@ -56,6 +57,7 @@ from ...ops.aten import encode_bytes
 from ...program.desc import Program, register_test_rewrite
 from ...program.io import register_reader, register_sniffer
 from ...runtime.boundary import check_value
+from ...safe_files import NotRegularFile, open_regular, read_regular
 from .convert import convert_program, unsupported_ops
 from .evalmode import to_inference
 from .finetune import finetune
@@ -99,11 +101,11 @@ def _bytes_of(value, what):
         return bytes(value), f"<{what} bytes>"
     path = Path(value)
     try:
-        return path.read_bytes(), str(path)
+        return read_regular(path), str(path)  # a FIFO or a device: refused, not waited on
     except FileNotFoundError:
         raise ProgramError(f"{path}: no such {what} file") from None
-    except IsADirectoryError:
-        raise ProgramError(f"{path}: is a directory, not a {what} file") from None
+    except NotRegularFile as e:  # a folder, a FIFO, a device
+        raise ProgramError(f"{path}: is {e.kind}, not a {what} file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read {what} file: {e.strerror or e}") from None
 
@@ -179,8 +181,8 @@ def params_startup(params, program):
 
 
 def _sniff_file(path):
-    try:
-        with open(path, "rb") as f:
+    try:  # a FIFO is not opened (it would wait for a writer): the reader names it
+        with os.fdopen(open_regular(path), "rb") as f:
             return is_pir(f.read(4096))
     except OSError:
         return False

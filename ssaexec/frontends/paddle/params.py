@@ -37,7 +37,7 @@ import torch
 from ...dtypes import dtype_name, torch_dtype
 from ...errors import ProgramError
 from ...limits import shape_problem
-from ...safe_files import atomic_write
+from ...safe_files import NotRegularFile, atomic_write, read_regular
 from .reader import DTYPE_CODES, DTYPES, parse_message
 from .schema import messages
 
@@ -119,9 +119,11 @@ def read_record(data, offset, where):
 
 def _read_file(path):
     try:
-        return Path(path).read_bytes()
+        return read_regular(path)  # a FIFO or a device: refused, not waited on
     except FileNotFoundError:
         raise ProgramError(f"{path}: no such parameter file") from None
+    except NotRegularFile as e:
+        raise ProgramError(f"{path}: is {e.kind}, not a parameter file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot read parameter file: {e.strerror or e}") from None
 
