@@ -222,3 +222,21 @@ def test_a_cluster_file_is_read_as_strictly_as_a_program(tmp_path):
     nan.write_text('{"a": NaN}')
     with pytest.raises(SSAExecError, match="not a cluster description .*NaN"):
         get_cluster(str(nan))
+
+
+def test_a_saved_program_replaces_a_symlink_never_writes_through_it(tmp_path):
+    # ``ssaexec convert IN OUT.ssa`` (se.save_program) wrote through a symlink at OUT:
+    # the file it pointed at was overwritten, as .pdiparams files were before issue 46
+    import ssaexec as se
+    from ssaexec.errors import ProgramError
+    program = se.load_program(example("uci_housing.json"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    os.symlink(victim, tmp_path / "out.ssa")
+    se.save_program(program, tmp_path / "out.ssa")
+    assert victim.read_text() == "keep me" and not (tmp_path / "out.ssa").is_symlink()
+    assert se.load_program(tmp_path / "out.ssa") == program
+    os.mkfifo(tmp_path / "pipe.json")
+    with pytest.raises(ProgramError, match=r"pipe.json: is a FIFO \(named pipe\), not a program"):
+        se.save_program(program, tmp_path / "pipe.json")
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

@@ -16,7 +16,7 @@ wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
 from pathlib import Path
 
 from ..errors import ProgramError
-from ..safe_files import NotRegularFile, read_regular
+from ..safe_files import NotRegularFile, atomic_write, read_regular
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 
@@ -82,12 +82,20 @@ def save_program(program, path):
     Returns
     -------
     pathlib.Path
-        The path written.
+        The path written: atomically (a crash leaves the old file or the new one), and a
+        symlink at ``path`` is replaced, never written through (``safe_files``).
     """
     writer, _ = _format(path)
     path = Path(path)
-    try:
-        path.write_text(writer(program), encoding="utf-8")
+    data = writer(program).encode("utf-8")
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    try:  # atomically, never through a symlink at the target (``safe_files``)
+        atomic_write(path, write, prefix=".program-")
+    except NotRegularFile as e:
+        raise ProgramError(f"{path}: is {e.kind}, not a program file") from None
     except OSError as e:
         raise ProgramError(f"{path}: cannot write program file: {e.strerror or e}") from None
     return path
