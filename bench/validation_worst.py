@@ -16,8 +16,11 @@ Each (form, variant) file is first timed at an eighth of the size to find the op
 type's worst one (CPU seconds per byte), which is then written just under
 ``--bytes`` (1,000,000) and timed in full in a fresh process, as the command line
 would read it: load (parse) and validate, CPU seconds of that process (this one
-holds every file it built, which makes Python's garbage collector slower). Op types that own a sub-block (control flow, parameter server) have no
-template; their shape rules are constant-time (``infer=``) like the grad ops'.
+holds every file it built, which makes Python's garbage collector slower). Op types
+that own a sub-block (control flow, parameter server) have no template; their shape
+rules are constant-time (``infer=``) like the grad ops'. The table starts with the
+fixed cost, a 1-op file: the first meta kernel run of a process imports torch's
+decompositions (about 1 s), whatever the file.
 
 ``python bench/validation_worst.py [--types gelu,batch_norm] [--top 15] [--bytes N]
 [--quick] [--json out.json]``; ``--quick`` reports the eighth-size estimate scaled up,
@@ -398,8 +401,12 @@ def main(argv=None):
               flush=True)
     rows.sort(key=lambda r: -r.get("total_s", 1e9))
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at the start of the "
-          "table; CPU seconds of this process")
+    fixed = measure_fresh(to_text(build("relu", "shape", 1)), "ssa")
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at the end; CPU seconds "
+          "of a fresh process per file")
+    print(f"fixed cost (a 1-op file): load {fixed['load_s']:.2f} s, validate "
+          f"{fixed['validate_s']:.2f} s (torch's first meta kernel run loads its "
+          "decompositions)")
     print(f"{'op type':34s} {'variant':8s} {'form':5s} {'ops':>7s} {'bytes':>8s} "
           f"{'load s':>7s} {'valid s':>7s} {'total s':>7s}")
     for row in rows[:args.top or None]:

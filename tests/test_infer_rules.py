@@ -186,8 +186,9 @@ def test_the_rule_gives_what_the_probe_gives(op_type):
 
 def test_the_slow_ops_have_rules():
     # their meta kernels run torch's Python decompositions (0.3-2 ms a run, issue 46)
-    for t in ("gelu", "relu", "softmax", "fill_zeros_like", "log_softmax", "scale", "square", "elementwise_add",
-              "elementwise_pow", "square_error_cost", "mean", "dropout", "batch_norm",
+    for t in ("gelu", "relu", "softmax", "fill_zeros_like", "log_softmax", "scale", "square",
+              "elementwise_add", "elementwise_pow", "square_error_cost", "mean", "dropout",
+              "batch_norm",
               "layer_norm", "cross_entropy", "softmax_with_cross_entropy", "sum", "matmul",
               "reduce_mean", "reduce_sum", "reduce_max"):
         assert get_op_def(t).rule is not None, t

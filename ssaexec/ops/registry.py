@@ -491,7 +491,7 @@ class ShapeRule:
                 hit = {k: [None if t is None else dtype_name(t.dtype)
                            for t in (v if isinstance(v, list) else [v])]
                        for k, v in outs.items() if v is not None}
-            except Exception as e:  # noqa: BLE001 - the kernel refuses these dtypes: so does the rule
+            except Exception as e:  # noqa: BLE001 - the kernel refuses the dtypes: so does the rule
                 hit = e
             if len(_DTYPE_RUNS) >= _DTYPE_RUNS_MAX:
                 _DTYPE_RUNS.clear()
