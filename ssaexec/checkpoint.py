@@ -30,6 +30,11 @@ Policy:
   resume on another number of places.
 * **Untrusted metadata.** The header is the file's text: a ``runs`` that is not a
   count, or a file whose data does not match its header, is an ``SSAExecError``.
+* **Damage is detected.** safetensors keeps no checksum, so a bit flipped in the data
+  would load as a wrong (NaN, say) parameter. The header holds ``data_digest``, a
+  BLAKE2b digest of every tensor's name, dtype, shape and bytes, checked when the file
+  is read, before anything is loaded (``Checkpoints.resume`` then falls back to the
+  checkpoint before). Files saved before the digest existed load without it.
 * **Mismatch is an error.** Loading into a program whose persistables differ (missing,
   extra, other shape or dtype) raises ``SSAExecError`` naming them. State an executor
   adds by itself (``@AMP.*`` loss scaling, ``*@ACC`` accumulators) may be absent on
@@ -40,17 +45,19 @@ import hashlib
 import json
 import os
 
+import torch
+
 from . import faults
 from .errors import SSAExecError
 from .runtime.boundary import check_values
 from .safe_files import NotRegularFile, atomic_write, fd_path, open_regular
 
-__all__ = ["save_checkpoint", "load_checkpoint", "save_parameters", "FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "save_parameters", "FORMAT"]
 
 FORMAT = "ssaexec-checkpoint/1"
 STATE = "@STATE."  # prefix of the training-state tensors (not the program's)
 TEMP_PREFIX = ".ckpt-"  # a save's temporary file: .ckpt-XXXX.tmp in the target's folder
-_RESERVED = ("format", "persistables", "program_hash", "places", "runs")
+_RESERVED = ("format", "persistables", "program_hash", "places", "runs", "data_digest")
 
 
 def _optional(name):
@@ -142,6 +149,7 @@ def save_checkpoint(path, target, program=None, state=None, meta=None):
                                "places": str(places), "runs": str(runs)}
     for name, t in (state or {}).items():
         tensors[STATE + name] = t.detach().to("cpu", copy=True).contiguous()
+    meta["data_digest"] = _digest(tensors)
     _write(st, tensors, path, meta, runs)
     return meta
 
@@ -181,20 +189,7 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
     ``path``; anything but a regular file (a FIFO, a folder) is always refused, never
     opened for a blocking read.
     """
-    st = _safetensors()
-    path = os.fspath(path)
-    try:
-        fd = open_regular(path, follow_symlinks=follow_symlinks)
-    except FileNotFoundError:
-        raise SSAExecError(f"{path}: no such checkpoint") from None
-    except NotRegularFile as e:
-        raise SSAExecError(f"{path}: {e.kind}, not a checkpoint file") from None
-    except OSError as e:
-        raise SSAExecError(f"{path}: cannot read checkpoint: {e.strerror or e}") from None
-    try:
-        meta, tensors = _read(st, path, fd_path(fd, path))
-    finally:
-        os.close(fd)
+    meta, tensors = read_checkpoint(path, follow_symlinks)
     runs = _runs(meta.get("runs", "0"), path)
     program, get, put, _, _ = _target(target, program)
     kept = {n[len(STATE):]: tensors.pop(n) for n in [n for n in tensors if n.startswith(STATE)]}
@@ -228,6 +223,27 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
     return meta
 
 
+def read_checkpoint(path, follow_symlinks=True):
+    """(metadata, every tensor) of the checkpoint at ``path``, read whole and checked (the
+    format, ``runs``, the data against its header and its digest); nothing is loaded.
+    Only a regular file is opened, without blocking; ``follow_symlinks=False`` refuses a
+    symlink at ``path``. ``SSAExecError`` names what is wrong."""
+    st = _safetensors()
+    path = os.fspath(path)
+    try:
+        fd = open_regular(path, follow_symlinks=follow_symlinks)
+    except FileNotFoundError:
+        raise SSAExecError(f"{path}: no such checkpoint") from None
+    except NotRegularFile as e:
+        raise SSAExecError(f"{path}: {e.kind}, not a checkpoint file") from None
+    except OSError as e:
+        raise SSAExecError(f"{path}: cannot read checkpoint: {e.strerror or e}") from None
+    try:
+        return _read(st, path, fd_path(fd, path))
+    finally:
+        os.close(fd)
+
+
 def _read(st, path, source):
     """(metadata, every tensor) of the checkpoint file ``source`` names (``path`` in
     errors): all of it read and checked before anything is loaded."""
@@ -245,7 +261,22 @@ def _read(st, path, source):
         tensors = st.load_file(source)
     except Exception as e:  # noqa: BLE001 - a header that lies about the data after it
         raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    digest = meta.get("data_digest")
+    if digest is not None and digest != _digest(tensors):
+        raise SSAExecError(f"{path}: its data does not match the digest saved with it (the "
+                           "file was damaged or changed after it was written)")
     return meta, tensors
+
+
+def _digest(tensors):
+    """BLAKE2b of every tensor (name, dtype, shape, bytes; CPU and contiguous), hex."""
+    h = hashlib.blake2b(digest_size=32)
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        if t.numel():
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
 
 
 def _clip(value):

@@ -52,9 +52,8 @@ import sys
 import torch
 
 from . import distributed
-from .checkpoint import STATE, load_checkpoint, save_checkpoint
+from .checkpoint import STATE, load_checkpoint, read_checkpoint, save_checkpoint
 from .errors import DistributedError, SSAExecError
-from .safe_files import fd_path, open_regular
 
 __all__ = ["Checkpoints"]
 
@@ -217,16 +216,10 @@ class Checkpoints:
 
 def _peek(path):
     """(header metadata, training-state tensors) of the checkpoint at ``path``: a regular
-    file, never a symlink (opened without blocking, ``safe_files.open_regular``)."""
-    from safetensors import safe_open
-    fd = open_regular(path, follow_symlinks=False)
-    try:
-        with safe_open(fd_path(fd, path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k[len(STATE):]: f.get_tensor(k) for k in f.keys() if k.startswith(STATE)}
-    finally:
-        os.close(fd)
-    return meta, state
+    file, never a symlink, read whole and checked against its digest
+    (``checkpoint.read_checkpoint``), so a damaged newest checkpoint is passed over."""
+    meta, tensors = read_checkpoint(path, follow_symlinks=False)
+    return meta, {k[len(STATE):]: t for k, t in tensors.items() if k.startswith(STATE)}
 
 
 def _check_training(meta, state, path, sampler=None):

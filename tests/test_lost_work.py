@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import ssaexec as se
-from ssaexec.checkpoint import load_checkpoint
+from ssaexec.checkpoint import _digest, load_checkpoint
 from ssaexec.errors import ProgramError, SSAExecError
 from ssaexec.frontends.paddle import load_params, save_params
 from paddle_models import FEED_MINIBATCH, FETCH_LIST, ProgramBuilder
@@ -238,6 +238,7 @@ def _with_bad_rng(src, dst, rng, step, scale=2.0):
             tensors[name] = tensors[name] * scale
     tensors["@STATE.rng.0.cpu"] = rng
     meta["training"] = json.dumps(dict(json.loads(meta["training"]), step=step))
+    meta["data_digest"] = _digest(tensors)  # a whole file, as a save would write it
     save_file(tensors, dst, metadata=meta)
 
 
@@ -319,3 +320,29 @@ def test_a_data_position_of_another_order_is_an_error_not_a_fall_back(tmp_path):
     assert not any("skipping" in s or "step 0" in s for s in said), said
     assert sorted(os.listdir(folder)) == ["step-00000002.safetensors",
                                           "step-00000004.safetensors"]
+
+
+def test_a_damaged_checkpoint_is_refused_and_resume_falls_back_to_the_one_before(tmp_path):
+    # safetensors has no checksum: bytes flipped in the data loaded as NaN parameters
+    folder = tmp_path / "ck"
+    _train(4, folder, every=2, places=1)
+    newest = folder / "step-00000004.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-30:] = b"\xff" * 30  # same size, the header intact
+    newest.write_bytes(bytes(data))
+    main, startup, loss = _program()
+    said = []
+    with se.ParallelExecutor(se.cpu_places(1), main, startup, loss, scope=se.Scope()) as pe:
+        fresh = _params(pe, main)
+        with pytest.raises(SSAExecError, match="does not match the digest saved with it"):
+            load_checkpoint(newest, pe)
+        for name, value in _params(pe, main).items():  # nothing was loaded
+            assert torch.equal(value, fresh[name]), name
+        step = se.Checkpoints(folder, log=said.append).resume(
+            pe, se.EpochSampler(40, 8, seed=2, rank=0, world_size=1))
+        assert step == 2
+        got = _params(pe, main)
+    saved = load_file(folder / "step-00000002.safetensors")
+    for name, value in got.items():
+        assert torch.isfinite(value).all() and torch.equal(value, saved[name]), name
+    assert any("step-00000004.safetensors" in s and "digest" in s for s in said), said
