@@ -92,7 +92,11 @@ class Checkpoints:
         self.every, self.keep = every, keep
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.last, self.last_step = None, None
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:  # a file in the way, a read-only parent: say which folder
+            raise SSAExecError(f"checkpoint folder {self.directory}: cannot be made or used "
+                               f"({e.strerror or e})") from None
 
     # --- the folder -----------------------------------------------------------------------
     def path(self, step):

@@ -346,3 +346,9 @@ def test_a_damaged_checkpoint_is_refused_and_resume_falls_back_to_the_one_before
     for name, value in got.items():
         assert torch.isfinite(value).all() and torch.equal(value, saved[name]), name
     assert any("step-00000004.safetensors" in s and "digest" in s for s in said), said
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_a_clean_error(tmp_path):
+    (tmp_path / "ck").write_text("not a folder")
+    with pytest.raises(SSAExecError, match=r"checkpoint folder .*ck: cannot be made or used"):
+        se.Checkpoints(tmp_path / "ck")
