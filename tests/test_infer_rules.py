@@ -49,8 +49,11 @@ def _check(op_type, cases):
 
 
 def _x_cases(attr_sets, slot="X"):
-    cases = [({slot: [(sh, F32)]}, a) for sh in SHAPES for a in attr_sets]
-    cases += [({slot: [(sh, dt)]}, a) for sh in ([], [-1, 3]) for dt in DT for a in attr_sets]
+    cases = [({slot: [(sh, F32)]}, a) for sh in SHAPES for a in attr_sets[:6]]
+    cases += [({slot: [([-1, 3], dt)]}, a) for dt in DT for a in attr_sets]
+    cases += [({slot: [([], dt)]}, a) for dt in DT for a in attr_sets[:6]]
+    if len(attr_sets) > 6:  # the rest on every shape too, one dtype
+        cases += [({slot: [(sh, F32)]}, a) for sh in SHAPES[:3] for a in attr_sets[6:]]
     return cases
 
 
@@ -112,7 +115,7 @@ def _ce_cases(slot, axes):
               {"soft_label": soft, "ignore_index": ig, **ax})
              for x, lab in itertools.product(xs, labels) for soft, dt in ((False, "int64"),
                                                                           (True, F32))
-             for ig in (-100, 2 ** 64) for ax in axes]
+             for ig in (-100,) for ax in axes]
     cases += [({slot: [([-1, 5], dx)], "Label": [([-1, 1], dl)]}, {"soft_label": soft})
               for dx, dl in itertools.product(DT, DT) for soft in (False, True)]
     cases += [({slot: [([-1, 5], F32)], "Label": [([-1, 1], "int64")]}, {"ignore_index": ig})
@@ -150,12 +153,23 @@ def _reduce_cases():
     return _x_cases(attrs)
 
 
-SPECIAL = {"batch_norm": _bn_cases, "sum": _sum_cases, "matmul": _matmul_cases,
+def _concat_cases():
+    shapes = [[-1, 3], [2, 3], [0], [], [3], [-1, 4], [2, 3, 1], [0, 3], [-1, -1]]
+    cases = [({"X": [(a, F32), (b, F32), (c, F32)][:n]}, {"axis": ax})
+             for a, b, c in itertools.product(shapes, repeat=3) for n in (1, 2, 3)
+             for ax in (0, 1, -1)][::11]
+    cases += [({"X": [([-1, 3], a), ([0], b), ([2, 3], c)]}, {"axis": 0})
+              for a, b, c in itertools.product(DT, DT, ("bool", "int8", "uint8", F32))]
+    cases += [({"X": [([-1, 3], F32)]}, {"axis": ax}) for ax in (2, -3, 2 ** 63)]
+    return cases
+
+
+SPECIAL = {"batch_norm": _bn_cases, "sum": _sum_cases, "concat": _concat_cases, "matmul": _matmul_cases,
            "reduce_sum": _reduce_cases, "reduce_mean": _reduce_cases,
            "reduce_max": _reduce_cases, "layer_norm": _ln_cases,
            "cross_entropy": lambda: _ce_cases("X", [{}]),
            "softmax_with_cross_entropy": lambda: _ce_cases(
-               "Logits", [{"axis": a} for a in (-1, 0, 1, 2, -3)])}
+               "Logits", [{"axis": a} for a in (-1, 1, -3)])}
 
 
 def _cases(op_type):

@@ -249,7 +249,7 @@ def _distinct_ops(op_type, n):
 
 SLOW = ["gelu", "relu", "square", "abs", "exp", "softmax", "log_softmax", "scale", "dropout",
         "mean", "fill_zeros_like", "elementwise_add", "elementwise_pow", "square_error_cost",
-        "sum", "matmul", "reduce_mean", "reduce_max", "layer_norm", "batch_norm",
+        "sum", "concat", "matmul", "reduce_mean", "reduce_max", "layer_norm", "batch_norm",
         "cross_entropy", "softmax_with_cross_entropy"]
 # ATen calls per further distinct op: a shape rule runs no kernel (its dtypes come from one
 # run on one-element tensors, cached), batch_norm's guard reads meta tensors of both batch

@@ -463,7 +463,7 @@ class ShapeRule:
                       for k, v in ins.items()}
             return self._run(op_def, shapes, attrs, ins)
         runs = self.canon(ins, attrs)
-        if isinstance(runs, tuple):
+        if isinstance(runs, tuple) and len(runs) == 2:
             return self._run(op_def, runs[0], runs[1], ins)
         first = None
         for shapes, run_attrs, run_ins in runs:

@@ -7,7 +7,8 @@ only where torch would alias (``reshape`` of a contiguous tensor is copied).
 
 import torch
 
-from .registry import REQUIRED, register_op
+from .registry import REQUIRED, ShapeRule, register_op
+from .shape_rules import wrap_axis
 
 
 def _resolve_shape(x, shape):
@@ -42,7 +43,36 @@ def transpose(ins, attrs):
     return {"Out": ins["X"].permute(attrs["axis"]).clone(memory_format=torch.contiguous_format)}
 
 
-@register_op("concat", ["X*"], ["Out"], {"axis": ("int", 0)})
+def _concat_shapes(ins, attrs):
+    shapes = [sh for sh, _ in ins["X"]]
+    for i, sh in enumerate(shapes):
+        if not sh:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be "
+                               "concatenated")
+    kept = [sh for sh in shapes if sh != [0]]  # torch skips 1-d empty tensors (legacy)
+    if not kept:
+        return {"Out": [0]}
+    ref = kept[0]
+    d = wrap_axis(attrs["axis"], len(ref))
+    out = list(ref)
+    for sh in kept[1:]:
+        if len(sh) != len(ref):
+            raise RuntimeError("Tensors must have same number of dimensions")
+        if any(a != b for i, (a, b) in enumerate(zip(sh, ref, strict=True)) if i != d):
+            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}")
+        out[d] += sh[d]
+    return {"Out": out}
+
+
+def _concat_canon(ins, attrs):
+    # the result's dtype promotes over the inputs' (a set: order and repeats don't matter)
+    kinds = sorted({(sh == [0], dt) for sh, dt in ins["X"]})
+    return ({"X": [[0] if empty else [1] for empty, _ in kinds]}, {"axis": 0},
+            {"X": [(None, dt) for _, dt in kinds]}),
+
+
+@register_op("concat", ["X*"], ["Out"], {"axis": ("int", 0)},
+             rule=ShapeRule(_concat_shapes, _concat_canon))
 def concat(ins, attrs):
     """Out = X[0], X[1], ... joined along ``axis``."""
     return {"Out": torch.cat(ins["X"], dim=attrs["axis"])}
