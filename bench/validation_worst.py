@@ -211,8 +211,11 @@ def build(op_type, variant, count):
         return name
 
     outs = {}
+    sample, _ = make(1, 2)
     for s in op_def.outputs:
-        n_out = 2 if op_type == "split" else 1
+        # split makes two parts; a grad of a duplicable input one per input
+        n_out = 2 if op_type == "split" else \
+            len(sample.get(s.name[:-5], [0])) if s.duplicable and op_def.is_grad else 1
         names = []
         for i in range(n_out):
             dtype = _out_dtype(op_def, s.name, i) if not op_def.is_grad else \
