@@ -252,6 +252,8 @@ _feature("capture.statically_known_true",
          "torch.fx.experimental.symbolic_shapes:statically_known_true", "2.1",
          "from_torch (symbolic as_strided windows)")
 _feature("capture.check", "torch._check", "2.1", "from_torch (one symbol per dimension name)")
+_feature("guards.assert_async", "torch._assert_async", "2.1",
+         "kernel guards under a compiler (the check as an assertion in the compiled graph)")
 _feature("capture.core_aten_decompositions", "torch._decomp:core_aten_decompositions", "2.1",
          "from_torch (core ATen decompositions)")
 
@@ -303,6 +305,11 @@ def statically_known_true(expr):
 def check(cond):
     """``torch._check(cond)`` (records a fact about symbolic sizes in the shape env)."""
     return FEATURES["capture.check"].get()(cond)
+
+
+def assert_async(cond, message):
+    """``torch._assert_async(cond, message)``: an assertion a traced graph keeps."""
+    return FEATURES["guards.assert_async"].get()(cond, message)
 
 
 def export_state():

@@ -23,11 +23,8 @@ from ssaexec.errors import ProgramError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# (file, dotted name) still named outside compat. TODO(issue 47): route each through
-# ssaexec.compat once the files' owners (issue 46) are done, then delete its line.
-EXCEPTIONS = {
-    ("ssaexec/ops/guards.py", "torch._assert_async"),
-}
+# (file, dotted name) still named outside compat, each with why (none today)
+EXCEPTIONS = set()
 
 
 # --- one case per private API --------------------------------------------------------------

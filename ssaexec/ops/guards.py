@@ -89,6 +89,7 @@ import math
 
 import torch
 
+from ..compat import assert_async
 from ..errors import ProgramError
 from ..limits import get_limit, numel_problem
 
@@ -226,7 +227,7 @@ def _message(op, text):
 
 def _assert(op, cond, text):
     """While ``TRACED``: the check ``cond`` (a bool tensor) as an assertion in the graph."""
-    torch._assert_async(cond, _message(op, text))
+    assert_async(cond, _message(op, text))
 
 
 def _shape(t):
