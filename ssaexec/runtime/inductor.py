@@ -101,7 +101,7 @@ import torch
 from .. import compat
 from ..compat import TorchDispatchMode
 from ..errors import OpError, SSAExecError
-from ..ops.guards import TRACED
+from ..ops.guards import TRACED, GuardError
 from ..ops.optim import LR_AS_TENSOR
 from ..ops.registry import get_op_def
 from .compiled import SegmentLowering
@@ -313,7 +313,7 @@ class _CompiledSegment:
                     fn = self._compile(inputs)
             except _Refused as e:
                 return self._refuse(str(e))
-            except SSAExecError:
+            except (SSAExecError, GuardError):
                 # a guard refused these inputs while tracing: the generated code raises
                 # the same error, naming the op (and the segment stays compilable)
                 return self.fallback()
