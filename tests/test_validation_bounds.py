@@ -104,9 +104,10 @@ def test_a_rank_over_the_cap_is_refused_before_any_kernel_runs():
             f"  var x : float32[{', '.join(['1'] * 65)}] data\n}}\n")
     calls, err = _load_and_validate(text, ".ssa")
     assert err is not None and calls == 0 and "65 dimensions" in str(err)
-    # at the cap it validates, with a handful of kernel calls
+    # at the cap it validates, with a handful of kernel calls (none once elementwise_add's
+    # shape rule has its dtypes cached)
     calls, err = _load_and_validate(_rank_bomb(64), ".json")
-    assert err is None and 0 < calls < 50
+    assert err is None and calls < 50
 
 
 def test_a_program_built_in_python_is_capped_by_validation():
