@@ -164,12 +164,44 @@ def _concat_cases():
     return cases
 
 
+def _optim_cases(op_type, attr_sets):
+    """Optimizer updates (in place): every state slot of Param's shape or of another,
+    LearningRate and SkipUpdate 0-dim or not, each dtype in each slot."""
+    slots = [s.name for s in get_op_def(op_type).inputs if s.name != "SkipUpdate"]
+    params = [[-1, 3], [2, 3], [3], [], [0, 3], [-1, 1]]
+    others = [None, [1], [], [3], [-1, 3], [2, 1, 3], [4]]
+    cases = []
+    for p, other, at in itertools.product(params, others, attr_sets):
+        for k, slot in enumerate(slots):  # one slot at a time differs from Param
+            if other is None and k:
+                break
+            ins = {s: [(p if other is None or s != slot else other, F32)] for s in slots}
+            ins["LearningRate"] = [([1] if other is None else ins["LearningRate"][0][0], F32)]
+            cases.append((ins, at))
+    for skip in ([], [1], [2, 1], [-1, 1]):
+        cases += [(dict({s: [([-1, 3], F32)] for s in slots}, SkipUpdate=[(skip, dt)]), {})
+                  for dt in ("bool", F32)]
+    for slot, dt in itertools.product(slots, DT):
+        ins = {s: [([], F32) if s in ("LearningRate", "Beta1Pow", "Beta2Pow") else
+                   ([-1, 3], F32)] for s in slots}
+        ins[slot] = [(ins[slot][0][0], dt)]
+        cases.append((ins, attr_sets[0]))
+    return cases
+
+
 SPECIAL = {"batch_norm": _bn_cases, "sum": _sum_cases, "concat": _concat_cases, "matmul": _matmul_cases,
            "reduce_sum": _reduce_cases, "reduce_mean": _reduce_cases,
            "reduce_max": _reduce_cases, "layer_norm": _ln_cases,
            "cross_entropy": lambda: _ce_cases("X", [{}]),
            "softmax_with_cross_entropy": lambda: _ce_cases(
-               "Logits", [{"axis": a} for a in (-1, 1, -3)])}
+               "Logits", [{"axis": a} for a in (-1, 1, -3)]),
+           "sgd": lambda: _optim_cases("sgd", [{}, {"weight_decay": 0.1}]),
+           "momentum": lambda: _optim_cases(
+               "momentum", [{"weight_decay": w, "use_nesterov": n}
+                            for w, n in ((0.0, False), (0.1, False), (0.0, True), (0.1, True))]),
+           "adam": lambda: _optim_cases(
+               "adam", [{"weight_decay": w, "decoupled": d}
+                        for w, d in ((0.0, False), (0.1, False), (0.1, True), (0.0, True))])}
 
 
 def _cases(op_type):
@@ -204,5 +236,5 @@ def test_the_slow_ops_have_rules():
               "elementwise_add", "elementwise_pow", "square_error_cost", "mean", "dropout",
               "batch_norm",
               "layer_norm", "cross_entropy", "softmax_with_cross_entropy", "sum", "matmul",
-              "reduce_mean", "reduce_sum", "reduce_max"):
+              "reduce_mean", "reduce_sum", "reduce_max", "sgd", "momentum", "adam"):
         assert get_op_def(t).rule is not None, t

@@ -221,12 +221,17 @@ def _distinct_ops(op_type, n):
     x = lambda k: ([-1, k + 2], "float32")
     stats = lambda k: ([k + 2], "float32")
     label = lambda k: ([-1, 1], "int64")
+    one = lambda k: ([1], "float32")
     ins = {"batch_norm": {"X": x, "Scale": stats, "Bias": stats, "Mean": stats,
                           "Variance": stats},
            "cross_entropy": {"X": x, "Label": label},
            "softmax_with_cross_entropy": {"Logits": x, "Label": label},
            "matmul": {"X": x, "Y": lambda k: ([k + 2, 3], "float32")},
-           "sum": {"X": x}}.get(op_type, {"X": x, "Y": lambda k: ([1], "float32")}
+           "sum": {"X": x},
+           "sgd": {"Param": x, "Grad": x, "LearningRate": one},
+           "momentum": {"Param": x, "Grad": x, "Velocity": x, "LearningRate": one},
+           "adam": {"Param": x, "Grad": x, "LearningRate": one, "Moment1": x, "Moment2": x,
+                    "Beta1Pow": one, "Beta2Pow": one}}.get(op_type, {"X": x, "Y": lambda k: ([1], "float32")}
                                 if op_type.startswith("elementwise") or
                                 op_type == "square_error_cost" else {"X": x})
     outs = {"dropout": {"Out": "float32", "Mask": "uint8"},
@@ -234,7 +239,12 @@ def _distinct_ops(op_type, n):
                                                   "SavedVariance")},
             "cross_entropy": {"Y": "float32"},
             "softmax_with_cross_entropy": {"Softmax": "float32", "Loss": "float32"},
-            "layer_norm": {"Y": "float32"}}.get(op_type, {"Out": "float32"})
+            "layer_norm": {"Y": "float32"},
+            "sgd": {"ParamOut": "float32"},
+            "momentum": {"ParamOut": "float32", "VelocityOut": "float32"},
+            "adam": {s: "float32" for s in ("ParamOut", "Moment1Out", "Moment2Out",
+                                             "Beta1PowOut", "Beta2PowOut")}}.get(
+                                                 op_type, {"Out": "float32"})
     vars = [dict(_var(f"o_{slot}", None), dtype=dt) for slot, dt in outs.items()]
     ops = []
     for k in range(n):
@@ -251,7 +261,7 @@ def _distinct_ops(op_type, n):
 SLOW = ["gelu", "relu", "square", "abs", "exp", "softmax", "log_softmax", "scale", "dropout",
         "mean", "fill_zeros_like", "elementwise_add", "elementwise_pow", "square_error_cost",
         "sum", "concat", "matmul", "reduce_mean", "reduce_max", "layer_norm", "batch_norm",
-        "cross_entropy", "softmax_with_cross_entropy"]
+        "cross_entropy", "softmax_with_cross_entropy", "sgd", "momentum", "adam"]
 # ATen calls per further distinct op: a shape rule runs no kernel (its dtypes come from one
 # run on one-element tensors, cached), batch_norm's guard reads meta tensors of both batch
 # sizes (5 inputs x 2); the meta probe it replaced made 4 to 16 an op, each a slow decomposition

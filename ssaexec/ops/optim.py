@@ -28,7 +28,8 @@ import contextvars
 import torch
 
 from ..compat import foreach
-from .registry import register_op
+from .registry import ShapeRule, register_op
+from .shape_rules import broadcast
 from .sparse import adam_rows, dense, sgd_rows
 
 
@@ -93,8 +94,68 @@ def _skippable(*updated):
     return wrap
 
 
+# --- shape rules ---------------------------------------------------------------------------
+# Each follows its dense kernel step by step (a meta probe never sees a sparse Grad): an
+# in-place update refuses a value that broadcasts beyond its target, and ``_restore``'s
+# ``torch.where(..., out=t)`` resizes ``t`` to its broadcast with ``SkipUpdate``, as the
+# probe finds (with torch's deprecation warning). Dtypes come from the kernel (ShapeRule).
+
+def _into(target, value):
+    """The shape of ``target`` after an in-place update by ``value`` (torch's refusal)."""
+    if broadcast(target, value) != list(target):
+        raise RuntimeError(f"output with shape {list(target)} doesn't match the broadcast "
+                           f"shape {broadcast(target, value)}")
+    return list(target)
+
+
+def _optim_rule(update, updated):
+    """A ``ShapeRule`` from ``update(shape_of, attrs)``, which checks the kernel's steps;
+    ``updated`` maps each updated input slot to its output slot."""
+    def shapes(ins, attrs):
+        shape_of = {k: v[0] for k, v in ins.items()}
+        update(shape_of, attrs)
+        skip = shape_of.get("SkipUpdate")
+        return {out: list(shape_of[slot]) if skip is None else broadcast(skip, shape_of[slot])
+                for slot, out in updated.items()}
+    return ShapeRule(shapes)
+
+
+def _decayed_shape(s, wd):
+    return broadcast(s["Grad"], s["Param"]) if wd else s["Grad"]
+
+
+def _sgd_shapes(s, attrs):
+    _into(s["Param"], broadcast(_decayed_shape(s, attrs["weight_decay"]), s["LearningRate"]))
+
+
+def _momentum_shapes(s, attrs):
+    g = _decayed_shape(s, attrs["weight_decay"])
+    v = _into(s["Velocity"], g)
+    step = broadcast(g, v) if attrs["use_nesterov"] else v
+    _into(s["Param"], broadcast(step, s["LearningRate"]))
+
+
+def _adam_shapes(s, attrs):
+    p, lr, g = s["Param"], s["LearningRate"], s["Grad"]
+    if not attrs["decoupled"]:
+        g = _decayed_shape(s, attrs["weight_decay"])
+    elif attrs["weight_decay"]:
+        _into(p, lr)
+    m1 = _into(s["Moment1"], g)
+    m2 = _into(s["Moment2"], g)
+    denom = broadcast(m2, s["Beta2Pow"])
+    _into(p, broadcast(broadcast(m1, denom), broadcast(lr, s["Beta1Pow"])))
+
+
+SGD_RULE = _optim_rule(_sgd_shapes, {"Param": "ParamOut"})
+MOMENTUM_RULE = _optim_rule(_momentum_shapes, {"Param": "ParamOut", "Velocity": "VelocityOut"})
+ADAM_RULE = _optim_rule(_adam_shapes, {"Param": "ParamOut", "Moment1": "Moment1Out",
+                                       "Moment2": "Moment2Out", "Beta1Pow": "Beta1PowOut",
+                                       "Beta2Pow": "Beta2PowOut"})
+
+
 @register_op("sgd", ["Param", "Grad", "LearningRate", "SkipUpdate?"], ["ParamOut"],
-             {"weight_decay": ("float", 0.0)}, grad=None, inplace=True)
+             {"weight_decay": ("float", 0.0)}, grad=None, inplace=True, rule=SGD_RULE)
 @_skippable("Param")
 def sgd(ins, attrs):
     """ParamOut = Param - lr * (Grad + wd * Param)."""
@@ -109,7 +170,8 @@ def sgd(ins, attrs):
 @register_op("momentum", ["Param", "Grad", "Velocity", "LearningRate", "SkipUpdate?"],
              ["ParamOut", "VelocityOut"],
              {"mu": ("float", 0.9), "use_nesterov": ("bool", False),
-              "weight_decay": ("float", 0.0)}, grad=None, inplace=True)
+              "weight_decay": ("float", 0.0)}, grad=None, inplace=True,
+             rule=MOMENTUM_RULE)
 @_skippable("Param", "Velocity")
 def momentum(ins, attrs):
     """Velocity = mu * Velocity + g; Param -= lr * (g + mu * Velocity if Nesterov else Velocity)."""
@@ -127,7 +189,7 @@ def momentum(ins, attrs):
              {"beta1": ("float", 0.9), "beta2": ("float", 0.999), "epsilon": ("float", 1e-8),
               "weight_decay": ("float", 0.0), "decoupled": ("bool", False),
               "lazy_mode": ("bool", False)},
-             grad=None, inplace=True)
+             grad=None, inplace=True, rule=ADAM_RULE)
 @_skippable("Param", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
 def adam(ins, attrs):
     """Adam (or AdamW with ``decoupled``) with bias correction; Beta*Pow hold beta**step."""
