@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ssaexec.frontends.paddle import convert as paddle_convert
 from ssaexec.frontends.paddle import read_program_bytes
@@ -240,3 +241,74 @@ def test_a_saved_program_replaces_a_symlink_never_writes_through_it(tmp_path):
     with pytest.raises(ProgramError, match=r"pipe.json: is a FIFO \(named pipe\), not a program"):
         se.save_program(program, tmp_path / "pipe.json")
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+# --- class 2: an attribute outside what the op means is refused at validation ---------------
+def _one_op(var_lines, op_line):
+    """A one-block program of ``var_lines`` and the op ``op_line``, parsed, not validated."""
+    from ssaexec.program.text import program_from_text
+    lines = ["ssaexec-program v1 random_seed=0", "", "block 0 parent=-1 {"]
+    lines += [f"  {v}" for v in var_lines] + [f"  {op_line}", "}"]
+    return program_from_text("\n".join(lines) + "\n")
+
+
+def _refused(var_lines, op_line, match):
+    from ssaexec.errors import ProgramError
+    from ssaexec.program.validate import validate_program
+    with pytest.raises(ProgramError, match=match):
+        validate_program(_one_op(var_lines, op_line))
+
+
+def test_flatten_refuses_an_axis_past_the_rank():
+    # axis=10**6 flattened all of X into the rows: [3, 4] gave a [12, 1] result
+    x = ["var x : float32[3, 4] data stop_gradient"]
+    for axis, shape in ((0, "[1, 12]"), (1, "[3, 4]"), (2, "[12, 1]")):  # Paddle's [0, rank]
+        from ssaexec.program.validate import validate_program
+        validate_program(_one_op(x + [f"var y : float32{shape}"],
+                                 f"y = flatten(X=x) {{axis={axis}}}"))
+    for axis in (10**6, 3, -1):
+        _refused(x + ["var y : float32[12, 1]"], f"y = flatten(X=x) {{axis={axis}}}",
+                 rf"flatten.*axis {axis} is outside \[0, 2\]")
+
+
+def test_accuracy_refuses_k_below_one_and_labels_of_other_rows():
+    # k=0 scored 0; a 1-row X against 1000 labels broadcast to an accuracy of 1.0
+    outs = ["var a : float32[]", "var c : int64[]", "var t : int64[]"]
+    op = "{{Accuracy=a, Correct=c, Total=t}} = accuracy(X=x, Label=l) {{k={k}}}"
+    ok = ["var x : float32[-1, 5] data stop_gradient",
+          "var l : int64[-1, 1] data stop_gradient"] + outs
+    from ssaexec.program.validate import validate_program
+    validate_program(_one_op(ok, op.format(k=1)))
+    _refused(ok, op.format(k=0), "accuracy: k is 0; it must be at least 1")
+    rows = ["var x : float32[1, 5] data stop_gradient",
+            "var l : int64[1000, 1] data stop_gradient"] + outs
+    _refused(rows, op.format(k=1), "Label holds 1000 labels .* but X has 1 rows")
+    # -1 rows are checked when the op runs (the feeds already refuse unequal batches); the
+    # kernel's ValueError becomes an OpError naming the op
+    from ssaexec.ops.registry import get_op_def
+    with pytest.raises(ValueError, match="Label holds 1000 labels"):
+        get_op_def("accuracy").kernel({"X": torch.randn(1, 5),
+                                       "Label": torch.zeros(1000, 1, dtype=torch.int64)},
+                                      {"k": 1})
+
+
+@pytest.mark.parametrize("p", ["2.0", "-0.5", "nan", "inf"])
+def test_dropout_refuses_a_probability_outside_0_1(p):
+    x = ["var x : float32[-1, 4] data stop_gradient", "var y : float32[-1, 4]",
+         "var m : uint8[-1, 4]"]
+    op = "{{Out=y, Mask=m}} = dropout(X=x) {{dropout_prob={p}, is_test={t}}}"
+    from ssaexec.program.validate import validate_program
+    validate_program(_one_op(x, op.format(p="1.0", t="false")))  # the bounds are Paddle's
+    for test in ("false", "true"):
+        _refused(x, op.format(p=p, t=test), rf"dropout_prob is {p}; it must be in \[0, 1\]")
+
+
+def test_assign_value_refuses_a_value_count_other_than_the_shape():
+    # 150,000 values for a [2, 2] passed validation and failed on the first run
+    op = "y = assign_value() {{shape=[2, 2], dtype=\"float32\", values=[{v}]}}"
+    y = ["var y : float32[2, 2]"]
+    from ssaexec.program.validate import validate_program
+    validate_program(_one_op(y, op.format(v="1.0, 2.0, 3.0, 4.0")))
+    _refused(y, op.format(v=", ".join(["1.0"] * 150000)),
+             r"assign_value: 150000 values do not fill shape \[2, 2\] \(4 elements\)")
+    _refused(y, op.format(v="1.0, 2.0, 3.0"), r"3 values do not fill shape \[2, 2\]")

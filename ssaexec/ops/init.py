@@ -25,6 +25,7 @@ and place, which the executors call instead of ``kernel``):
 """
 
 import functools
+import math
 
 import torch
 
@@ -121,15 +122,30 @@ register_op("gaussian_random", [], ["Out"],
             infer=_shape_infer, grad=None, is_random=True)(_random("gaussian"))
 
 
+def _check_values(attrs):
+    # one value per element, as Paddle's assign_value has it: the count is the attrs'
+    # alone, so validation refuses a mismatch instead of the first run
+    n, shape = len(attrs["values"]), list(attrs["shape"])
+    if n != math.prod(shape) or any(d < 0 for d in shape):
+        raise ValueError(f"assign_value: {n} values do not fill shape {shape} "
+                         f"({math.prod(shape)} elements); hint: give one value per element")
+
+
+def _assign_value_infer(ins, attrs):
+    _check_values(attrs)
+    return _shape_infer(ins, attrs)
+
+
 @register_op("assign_value", [], ["Out"],
              {"shape": ("ints", REQUIRED), "dtype": ("dtype", "float32"),
-              "values": ("floats", REQUIRED)}, infer=_shape_infer, grad=None)
+              "values": ("floats", REQUIRED)}, infer=_assign_value_infer, grad=None)
 def assign_value(ins, attrs):
     """Out = the literal ``values`` (row-major) reshaped to ``shape``."""
     return {"Out": _literal(attrs)}
 
 
 def _literal(attrs):
+    _check_values(attrs)
     t = torch.tensor(attrs["values"], dtype=torch.float64).to(torch_dtype(attrs["dtype"]))
     return t.reshape(attrs["shape"])
 

@@ -230,6 +230,23 @@ def fixed_uniform(seed, shape, device):
     return t
 
 
+def _dropout_prob(attrs):
+    # Paddle refuses a probability outside [0, 1]; NaN fails both comparisons, and a
+    # p above 1 would scale by a negative 1 / (1 - p) or drop everything silently
+    p = attrs["dropout_prob"]
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: dropout_prob is {p}; it must be in [0, 1]")
+    return p
+
+
+def _dropout_shapes(ins, attrs):
+    _dropout_prob(attrs)  # validation runs the rule, not the kernel, with the file's attrs
+    return _LIKE_X.shapes(ins, attrs)
+
+
+_LIKE_X = like("X", "Out", "Mask")
+
+
 def _dropout_canon(ins, attrs):
     # both branches of the kernel make X's dtype and uint8, but the run keeps which one
     return {"X": [1] if ins["X"][0] else []}, {
@@ -239,10 +256,10 @@ def _dropout_canon(ins, attrs):
 
 @register_op("dropout", ["X"], ["Out", "Mask!"],
              {"dropout_prob": ("float", 0.5), "is_test": ("bool", False), "seed": ("int", 0)},
-             is_random=True, rule=ShapeRule(like("X", "Out", "Mask").shapes, _dropout_canon))
+             is_random=True, rule=ShapeRule(_dropout_shapes, _dropout_canon))
 def dropout(ins, attrs):
     """Out = X * Mask / (1 - p) (upscale in train); a non-zero ``seed`` fixes the mask."""
-    x, p = ins["X"], attrs["dropout_prob"]
+    x, p = ins["X"], _dropout_prob(attrs)
     if attrs["is_test"] or p == 0.0:
         return {"Out": x.clone(), "Mask": torch.ones_like(x, dtype=torch.uint8)}
     if x.device.type == "meta":
@@ -262,7 +279,7 @@ def _keep_scale(p):
 
 @register_grad("dropout", uses=["Mask"])
 def dropout_grad(ins, attrs, wanted):
-    g, p = ins["Out@GRAD"], attrs["dropout_prob"]
+    g, p = ins["Out@GRAD"], _dropout_prob(attrs)
     if attrs["is_test"] or p == 0.0:
         return {"X@GRAD": g.clone()}   # a fresh tensor, not Out@GRAD itself
     return {"X@GRAD": g * ins["Mask"].to(g.dtype) * _keep_scale(p)}

@@ -25,8 +25,15 @@ def reshape(ins, attrs):
 
 @register_op("flatten", ["X"], ["Out"], {"axis": ("int", 1)})
 def flatten(ins, attrs):
-    """Out = X as a 2-D matrix [prod(dims[:axis]), prod(dims[axis:])]."""
+    """Out = X as a 2-D matrix [prod(dims[:axis]), prod(dims[axis:])].
+
+    ``axis`` is in ``[0, rank]``, as Paddle's ``flatten`` checks: a slice past the
+    rank would quietly flatten everything into the rows (the meta probe and the run
+    both refuse it here)."""
     x, axis = ins["X"], attrs["axis"]
+    if not 0 <= axis <= x.dim():
+        raise ValueError(f"flatten: axis {axis} is outside [0, {x.dim()}] for a "
+                         f"{x.dim()}-d X")
     rows = 1
     for d in x.shape[:axis]:
         rows *= d
