@@ -312,3 +312,18 @@ def test_assign_value_refuses_a_value_count_other_than_the_shape():
     _refused(y, op.format(v=", ".join(["1.0"] * 150000)),
              r"assign_value: 150000 values do not fill shape \[2, 2\] \(4 elements\)")
     _refused(y, op.format(v="1.0, 2.0, 3.0"), r"3 values do not fill shape \[2, 2\]")
+
+
+def test_assign_bytes_refuses_a_byte_count_other_than_the_shape_at_validation():
+    from ssaexec.errors import ProgramError
+    from ssaexec.ops.aten import _bytes_infer, encode_bytes
+    good = encode_bytes(torch.arange(4, dtype=torch.float32))
+    assert _bytes_infer({}, {"shape": [2, 2], "dtype": "float32", "data": good}) == \
+        {"Out": ([2, 2], "float32")}
+    for shape, data in (([3, 3], good), ([2, 2], good[:-4]), ([2, 2], good + "A"),
+                        ([-1, 4], good)):
+        with pytest.raises(ProgramError, match="assign_bytes"):
+            _bytes_infer({}, {"shape": shape, "dtype": "float32", "data": data})
+    for n in range(0, 7):  # every padding length agrees with the decoder
+        data = encode_bytes(torch.arange(n, dtype=torch.uint8))
+        assert _bytes_infer({}, {"shape": [n], "dtype": "uint8", "data": data})

@@ -404,7 +404,18 @@ def decode_bytes(data, shape, dtype):
 
 
 def _bytes_infer(ins, attrs):
-    return {"Out": (list(attrs["shape"]), attrs["dtype"])}
+    # the byte count from the base64 length alone (validation never decodes the data)
+    shape, data = list(attrs["shape"]), attrs["data"]
+    if any(d < 0 for d in shape):
+        raise ProgramError(f"assign_bytes: shape {shape} has a negative size")
+    want = math.prod(shape) * torch_dtype(attrs["dtype"]).itemsize
+    pad = len(data) - len(data.rstrip("="))
+    have = len(data) // 4 * 3 - min(pad, 2) if len(data) % 4 == 0 and pad <= 2 else None
+    if have != want:
+        got = "data whose length is not base64's" if have is None else f"{have} bytes"
+        raise ProgramError(f"assign_bytes: {got} do not make a {attrs['dtype']}{shape} tensor "
+                           f"({want} bytes)")
+    return {"Out": (shape, attrs["dtype"])}
 
 
 @register_op("assign_bytes", [], ["Out"],
