@@ -186,6 +186,12 @@ def _optim_cases(op_type, attr_sets):
                    ([-1, 3], F32)] for s in slots}
         ins[slot] = [(ins[slot][0][0], dt)]
         cases.append((ins, attr_sets[0]))
+    # number attrs of each class (the dtype run keys on a stand-in), on int and half state
+    names = [k for k, (kind, _) in get_op_def(op_type).attrs.items() if kind == "float"]
+    for name, v, dt in itertools.product(names, _ints(1, 2.5, 0.0, -1e300), ("int64", "float16")):
+        ins = {s: [([], F32) if s in ("LearningRate", "Beta1Pow", "Beta2Pow") else
+                   ([-1, 3], dt)] for s in slots}
+        cases += [(ins, dict(at, **{name: v})) for at in attr_sets]
     return cases
 
 

@@ -279,6 +279,21 @@ def test_distinct_slow_ops_cost_no_kernel_run_each(op_type):
     assert per_op <= PER_OP.get(op_type, 0), (op_type, calls)
 
 
+@pytest.mark.parametrize("op_type, attr", [("sgd", "weight_decay"), ("momentum", "mu"),
+                                           ("adam", "beta1")])
+def test_distinct_optimizer_attrs_cost_no_kernel_run_each(op_type, attr):
+    # one set of inputs, a float attr that differs per op: the dtype run keys on its class
+    calls = []
+    for n in (20, 60):
+        doc = json.loads(_distinct_ops(op_type, 1))
+        block = doc["blocks"][0]
+        block["ops"] = [dict(block["ops"][0], attrs={attr: k + n + 0.5}) for k in range(n)]
+        count, err = _load_and_validate(json.dumps(doc), ".json")
+        assert err is None, err
+        calls.append(count)
+    assert calls[1] <= calls[0], (op_type, calls)
+
+
 def test_one_run_probes_inputs_without_a_batch_dim():
     # an op without a rule (transpose) and no -1 in its inputs runs its kernel once, not twice
     text = _program([_var("x", [2, 3], True), _var("y", [3, 2])],

@@ -108,6 +108,20 @@ def _into(target, value):
     return list(target)
 
 
+def _number_canon(v):
+    """The class of number attr ``v`` to a dtype run: its type, zero or not (``if wd``);
+    an int beyond 2**31 stays itself (``1 - beta1`` may leave int64), all else a stand-in.
+    The values of floats change no dtype, so a file of distinct ones runs no kernel each."""
+    if isinstance(v, bool) or (isinstance(v, int) and abs(v) >= 2 ** 31):
+        return v
+    return type(v)(0 if v == 0 else 2)
+
+
+def _optim_canon(ins, attrs):
+    return ({k: [1] if v[0] else [] for k, v in ins.items()},
+            {k: _number_canon(v) for k, v in attrs.items()})
+
+
 def _optim_rule(update, updated):
     """A ``ShapeRule`` from ``update(shape_of, attrs)``, which checks the kernel's steps;
     ``updated`` maps each updated input slot to its output slot."""
@@ -117,7 +131,7 @@ def _optim_rule(update, updated):
         skip = shape_of.get("SkipUpdate")
         return {out: list(shape_of[slot]) if skip is None else broadcast(skip, shape_of[slot])
                 for slot, out in updated.items()}
-    return ShapeRule(shapes)
+    return ShapeRule(shapes, _optim_canon)
 
 
 def _decayed_shape(s, wd):
