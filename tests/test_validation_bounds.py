@@ -231,7 +231,8 @@ def _distinct_ops(op_type, n):
            "sgd": {"Param": x, "Grad": x, "LearningRate": one},
            "momentum": {"Param": x, "Grad": x, "Velocity": x, "LearningRate": one},
            "adam": {"Param": x, "Grad": x, "LearningRate": one, "Moment1": x, "Moment2": x,
-                    "Beta1Pow": one, "Beta2Pow": one}}.get(op_type, {"X": x, "Y": lambda k: ([1], "float32")}
+                    "Beta1Pow": one, "Beta2Pow": one}}.get(
+               op_type, {"X": x, "Y": lambda k: ([1], "float32")}
                                 if op_type.startswith("elementwise") or
                                 op_type == "square_error_cost" else {"X": x})
     outs = {"dropout": {"Out": "float32", "Mask": "uint8"},
