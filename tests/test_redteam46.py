@@ -327,3 +327,20 @@ def test_assign_bytes_refuses_a_byte_count_other_than_the_shape_at_validation():
     for n in range(0, 7):  # every padding length agrees with the decoder
         data = encode_bytes(torch.arange(n, dtype=torch.uint8))
         assert _bytes_infer({}, {"shape": [n], "dtype": "uint8", "data": data})
+
+
+def test_a_skip_update_that_would_resize_the_parameter_is_refused():
+    # torch.where(skip, old, new, out=new) resized Param and its state to the broadcast
+    from ssaexec.ops.registry import get_op_def
+    sgd = get_op_def("sgd")
+    for shape in ([2, 1], [1, 1], [3]):
+        p = torch.ones(4)
+        ins = {"Param": p, "Grad": torch.ones(4), "LearningRate": torch.tensor(0.1),
+               "SkipUpdate": torch.zeros(shape, dtype=torch.bool)}
+        with pytest.raises(ValueError, match=r"SkipUpdate has shape .* one value"):
+            sgd.kernel(ins, sgd.full_attrs({}))
+        assert p.shape == (4,) and torch.equal(p, torch.ones(4))
+    ins = {"Param": torch.ones(4), "Grad": torch.ones(4), "LearningRate": torch.tensor(0.1),
+           "SkipUpdate": torch.ones((), dtype=torch.bool)}
+    out = sgd.kernel(ins, sgd.full_attrs({}))["ParamOut"]
+    assert torch.equal(out, torch.ones(4))  # skipped: unchanged

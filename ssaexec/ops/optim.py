@@ -24,6 +24,7 @@ parameters alone.
 """
 
 import contextvars
+import math
 
 import torch
 
@@ -62,10 +63,25 @@ def _sub_lr_times(p, step, lr):
         p.add_(step, alpha=alpha)
 
 
+def _skip_problem(skip, shapes):
+    """Why ``SkipUpdate`` of shape ``skip`` cannot guard updates of ``shapes``, or None.
+
+    It must hold one value and have no more dimensions than any updated tensor: the
+    select ``torch.where(skip, old, new, out=new)`` would otherwise resize the parameter
+    and its state to their broadcast (a program file could reshape a parameter)."""
+    if math.prod(skip) != 1 or any(len(skip) > len(s) for s in shapes):
+        return (f"SkipUpdate has shape {list(skip)}: it must hold one value, with no more "
+                "dimensions than the tensors it guards")
+    return None
+
+
 def _snapshot(tensors, skip):
     """The old values of ``tensors`` an update may have to restore, or None (no ``skip``)."""
     if skip is None or not tensors:
         return None
+    problem = _skip_problem(list(skip.shape), [list(t.shape) for t in tensors])
+    if problem:
+        raise ValueError(problem)
     return tensors, foreach("clone")(tensors)
 
 
@@ -96,9 +112,9 @@ def _skippable(*updated):
 
 # --- shape rules ---------------------------------------------------------------------------
 # Each follows its dense kernel step by step (a meta probe never sees a sparse Grad): an
-# in-place update refuses a value that broadcasts beyond its target, and ``_restore``'s
-# ``torch.where(..., out=t)`` resizes ``t`` to its broadcast with ``SkipUpdate``, as the
-# probe finds (with torch's deprecation warning). Dtypes come from the kernel (ShapeRule).
+# in-place update refuses a value that broadcasts beyond its target, and a ``SkipUpdate``
+# that could resize what it guards (``_skip_problem``), as the kernel does. Dtypes come
+# from the kernel (ShapeRule).
 
 def _into(target, value):
     """The shape of ``target`` after an in-place update by ``value`` (torch's refusal)."""
@@ -129,8 +145,11 @@ def _optim_rule(update, updated):
         shape_of = {k: v[0] for k, v in ins.items()}
         update(shape_of, attrs)
         skip = shape_of.get("SkipUpdate")
-        return {out: list(shape_of[slot]) if skip is None else broadcast(skip, shape_of[slot])
-                for slot, out in updated.items()}
+        if skip is not None:
+            problem = _skip_problem(skip, [shape_of[slot] for slot in updated])
+            if problem:
+                raise ValueError(problem)
+        return {out: list(shape_of[slot]) for slot, out in updated.items()}
     return ShapeRule(shapes, _optim_canon)
 
 
