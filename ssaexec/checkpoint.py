@@ -50,7 +50,7 @@ import torch
 from . import faults
 from .errors import SSAExecError
 from .runtime.boundary import check_values
-from .safe_files import NotRegularFile, atomic_write, fd_path, open_regular
+from .safe_files import atomic_write, fd_path, open_input
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "save_parameters", "FORMAT"]
 
@@ -230,14 +230,7 @@ def read_checkpoint(path, follow_symlinks=True):
     symlink at ``path``. ``SSAExecError`` names what is wrong."""
     st = _safetensors()
     path = os.fspath(path)
-    try:
-        fd = open_regular(path, follow_symlinks=follow_symlinks)
-    except FileNotFoundError:
-        raise SSAExecError(f"{path}: no such checkpoint") from None
-    except NotRegularFile as e:
-        raise SSAExecError(f"{path}: {e.kind}, not a checkpoint file") from None
-    except OSError as e:
-        raise SSAExecError(f"{path}: cannot read checkpoint: {e.strerror or e}") from None
+    fd = open_input(path, "checkpoint", "a checkpoint file", SSAExecError, follow_symlinks)
     try:
         return _read(st, path, fd_path(fd, path))
     finally:

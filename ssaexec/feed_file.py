@@ -36,7 +36,7 @@ from numpy.lib import format as npy
 from .dtypes import DTYPES
 from .errors import FeedError
 from .limits import shape_problem
-from .safe_files import NotRegularFile, open_regular
+from .safe_files import open_input
 
 __all__ = ["read_feed_file"]
 
@@ -80,14 +80,7 @@ def read_feed_file(path, program):
         Naming the file (and the member) for anything the module docstring refuses.
     """
     path = os.fspath(path)
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise FeedError(f"{path}: no such feed file") from None
-    except NotRegularFile as e:
-        raise FeedError(f"{path}: is {e.kind}, not an .npz feed file") from None
-    except OSError as e:
-        raise FeedError(f"{path}: cannot read the feed file: {e.strerror or e}") from None
+    fd = open_input(path, "feed file", "an .npz feed file", FeedError)
     with os.fdopen(fd, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             raise FeedError(f"{path}: the file is empty, not an .npz feed file")

@@ -26,7 +26,7 @@ import os
 import stat
 import tempfile
 
-__all__ = ["atomic_write", "open_regular", "read_regular", "fd_path", "replace_problem",
+__all__ = ["atomic_write", "open_regular", "read_regular", "open_input", "read_input", "fd_path", "replace_problem",
            "NotRegularFile"]
 
 
@@ -84,6 +84,28 @@ def read_regular(path):
     followed): a FIFO is ``NotRegularFile``, never waited on (``ssaexec dump FIFO`` hung),
     and a device is never read without end (``/dev/zero`` as a program file)."""
     with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
+
+
+def open_input(path, noun, kind, error, follow_symlinks=True):
+    """``open_regular(path)``, its failures as ``error`` naming ``path``: a descriptor.
+
+    ``noun`` names what is missing or unreadable ("feed file"), ``kind`` what anything
+    but a regular file is not ("an .npz feed file"); ``error`` is the caller's error class.
+    """
+    try:
+        return open_regular(path, follow_symlinks=follow_symlinks)
+    except FileNotFoundError:
+        raise error(f"{path}: no such {noun}") from None
+    except NotRegularFile as e:
+        raise error(f"{path}: is {e.kind}, not {kind}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read the {noun}: {e.strerror or e}") from None
+
+
+def read_input(path, noun, kind, error):
+    """The bytes of ``path`` (``open_input``'s checks and errors; symlinks followed)."""
+    with os.fdopen(open_input(path, noun, kind, error), "rb") as f:
         return f.read()
 
 

@@ -187,7 +187,7 @@ def test_a_fifo_named_like_a_checkpoint_is_skipped_not_waited_on(tmp_path, cli):
     # the command line: --resume of a FIFO is a clean refusal, not a hang
     res = cli(["run", example("uci_housing.json"), "--places", PLACES, "--steps", 1,
                "--resume", folder / "step-00000008.safetensors"])
-    assert_clean_error(res, "step-00000008.safetensors: a FIFO (named pipe), not a checkpoint")
+    assert_clean_error(res, "step-00000008.safetensors: is a FIFO (named pipe), not a checkpoint")
 
 
 def test_stray_temporaries_and_folders_do_not_stop_any_restart(tmp_path):

@@ -16,7 +16,7 @@ wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
 from pathlib import Path
 
 from ..errors import ProgramError
-from ..safe_files import NotRegularFile, atomic_write, read_regular
+from ..safe_files import NotRegularFile, atomic_write, read_input
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 
@@ -123,14 +123,8 @@ def load_program(path, validate=False):
     binary = READERS.get(Path(path).suffix.lower())
     _, reader = (None, None) if binary is not None else _format(path)
     path = Path(path)
-    try:
-        data = read_regular(path)  # a FIFO or a device is refused, not waited on
-    except FileNotFoundError:
-        raise ProgramError(f"{path}: no such program file") from None
-    except NotRegularFile as e:
-        raise ProgramError(f"{path}: is {e.kind}, not a program file") from None
-    except OSError as e:
-        raise ProgramError(f"{path}: cannot read program file: {e.strerror or e}") from None
+    # a FIFO or a device is refused, not waited on
+    data = read_input(path, "program file", "a program file", ProgramError)
     for sniff, foreign in SNIFFERS.get(path.suffix.lower(), ()):
         if sniff(data):
             binary = foreign

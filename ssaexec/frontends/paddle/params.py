@@ -37,7 +37,7 @@ import torch
 from ...dtypes import dtype_name, torch_dtype
 from ...errors import ProgramError
 from ...limits import shape_problem
-from ...safe_files import NotRegularFile, atomic_write, read_regular
+from ...safe_files import atomic_write, read_input
 from .reader import DTYPE_CODES, DTYPES, parse_message
 from .schema import messages
 
@@ -118,14 +118,8 @@ def read_record(data, offset, where):
 
 
 def _read_file(path):
-    try:
-        return read_regular(path)  # a FIFO or a device: refused, not waited on
-    except FileNotFoundError:
-        raise ProgramError(f"{path}: no such parameter file") from None
-    except NotRegularFile as e:
-        raise ProgramError(f"{path}: is {e.kind}, not a parameter file") from None
-    except OSError as e:
-        raise ProgramError(f"{path}: cannot read parameter file: {e.strerror or e}") from None
+    # a FIFO or a device: refused, not waited on
+    return read_input(path, "parameter file", "a parameter file", ProgramError)
 
 
 def read_combined(data, names, source="<bytes>"):
