@@ -71,7 +71,7 @@ demo: $(STAMP)
 test: $(STAMP) graphviz chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# everything but the tests marked slow (real processes, benchmarks, big models): < 1 min
+# everything but the tests marked slow (real processes, benchmarks, big models): ~6 min
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
