@@ -25,7 +25,7 @@ else
 TORCH_INSTALL := $(BIN)/pip install "torch==$(TORCH_VERSION)"
 endif
 
-.PHONY: demo test test-fast test-matrix test-oldest test-inductor bench gpu-check validate-sim validate-sim-published fuzz install graphviz chromium clean
+.PHONY: demo test test-fast test-matrix test-oldest test-newest test-inductor bench gpu-check validate-sim validate-sim-published fuzz install graphviz chromium clean
 
 install: $(STAMP)
 
@@ -84,9 +84,12 @@ MATRIX_ARGS ?=
 test-matrix:
 	$(PYTHON) .ci/matrix.py $(MATRIX_ARGS)
 
-# the fast suite on the oldest supported torch (what CI runs besides make test)
+# the fast suite on the oldest and on the newest supported torch (what CI runs besides
+# make test, which runs the pinned one): both ends of the range
 test-oldest:
 	$(PYTHON) .ci/matrix.py --cells 3.11-2.11.0 --fast
+test-newest:
+	$(PYTHON) .ci/matrix.py --cells 3.11-2.14.1 --fast
 
 # the whole suite with every ExecutionStrategy compiling its segments with Inductor
 # (SSAEXEC_COMPILER=inductor); tests/conftest.py's INDUCTOR_EXCEPTIONS skips, with why, the
