@@ -4,6 +4,7 @@ Plain attribute bags with validation, so a typo fails at construction instead
 of silently doing the default.
 """
 
+import copy
 import os
 
 from .errors import SSAExecError
@@ -112,12 +113,25 @@ class BuildStrategy:
             raise SSAExecError("zero_stage=1 all-reduces gradients, which contradicts "
                                "reduce_strategy='reduce' (that is zero_stage=2's graph)")
 
-    def fuses_all_reduce(self):
+    def fuses_all_reduce(self, compiler=None):
         """Whether gradients are all-reduced in buckets: ``fuse_all_reduce_ops`` when set,
-        else whether this is one process of several (``num_trainers > 1``)."""
+        else whether this is one process of several (``num_trainers > 1``) or the steps
+        run compiled segments (``ExecutionStrategy(compiler=...)``). The one place that
+        decides the bucketing default."""
         if self.fuse_all_reduce_ops is None:
-            return self.num_trainers > 1
+            return self.num_trainers > 1 or compiler is not None
         return self.fuse_all_reduce_ops
+
+    def for_compiler(self, compiler):
+        """The strategy a graph for ``ExecutionStrategy(compiler=compiler)`` is built with:
+        this one, or, when the compiler changes the bucketing default, a copy with
+        ``fuse_all_reduce_ops`` written out (the graph builder knows no compiler; the
+        caller's object is never written)."""
+        if self.fuse_all_reduce_ops is not None or compiler is None:
+            return self
+        out = copy.copy(self)
+        out.fuse_all_reduce_ops = self.fuses_all_reduce(compiler)
+        return out
 
     def key(self):
         """A hashable summary (graphs are cached by it)."""
