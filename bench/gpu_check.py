@@ -443,7 +443,8 @@ def _figure_lines(rec):
     lines = []
     if "summary" in f and isinstance(f["summary"], str):
         lines.append(f"- pytest: {f['summary']}")
-    for r in f.get("runs", []):
+    runs = f.get("runs")
+    for r in runs if isinstance(runs, list) else []:   # host-sync's "runs" is a count
         if "error" in r:
             lines.append(f"- {r['mode']}@{r['places']}: FAILED: {r['error']}")
         else:

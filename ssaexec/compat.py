@@ -28,6 +28,7 @@ enumerates, one case per private API.
 
 import contextlib
 import importlib
+import inspect
 
 import torch
 
@@ -39,7 +40,7 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "statically_known_true", "check", "export_state", "core_aten_decompositions",
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
-           "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version"]
+           "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
@@ -61,18 +62,31 @@ class Feature:
     aot_autograd:aot_export_module"``: module, colon, attribute); ``minimum`` the lowest
     torch that has it; ``fallback`` a callable with the same results, or None (then
     using a missing feature raises ``TorchFeatureError``); ``why`` what ssaexec uses it
-    for, for the message.
+    for, for the message. ``keyword``: the feature is a keyword argument of the callable
+    at ``path`` (a newer parameter of a public API); this torch has it when the
+    callable's signature names it.
     """
 
-    __slots__ = ("name", "path", "minimum", "fallback", "why", "_value")
+    __slots__ = ("name", "path", "minimum", "fallback", "why", "keyword", "_value")
 
-    def __init__(self, name, path, minimum, why, fallback=None):
+    def __init__(self, name, path, minimum, why, fallback=None, keyword=None):
         self.name, self.path, self.minimum, self.why = name, path, minimum, why
         self.fallback = fallback
+        self.keyword = keyword
         self._value = None
 
     def lookup(self):
         """The torch object, or None when this torch lacks it (never raises)."""
+        obj = self._resolve()
+        if obj is None or self.keyword is None:
+            return obj
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+            return None
+        return obj if self.keyword in params else None
+
+    def _resolve(self):
         mod_name, _, attr = self.path.partition(":")
         try:
             obj = importlib.import_module(mod_name) if attr else None
@@ -93,8 +107,11 @@ class Feature:
 
     def error(self):
         """The ``TorchFeatureError`` for this feature missing from the running torch."""
+        what = self.path.replace(":", ".")
+        if self.keyword is not None:
+            what = f"{what}({self.keyword}=...)"
         return TorchFeatureError(
-            f"{self.why} needs {self.path.replace(':', '.')} (torch >= {self.minimum}), which "
+            f"{self.why} needs {what} (torch >= {self.minimum}), which "
             f"torch {torch_version()} does not have; ssaexec supports torch "
             f">= {SUPPORTED[0]}, < {SUPPORTED[1]} (docs/torch_versions.md)")
 
@@ -118,8 +135,8 @@ class Feature:
 FEATURES = {}
 
 
-def _feature(name, path, minimum, why, fallback=None):
-    f = FEATURES[name] = Feature(name, path, minimum, why, fallback)
+def _feature(name, path, minimum, why, fallback=None, keyword=None):
+    f = FEATURES[name] = Feature(name, path, minimum, why, fallback, keyword)
     return f
 
 
@@ -395,6 +412,25 @@ _feature("nccl.all_reduce", "torch._C:_nccl_all_reduce", "2.0",
 _feature("nn.BatchNorm", "torch.nn.modules.batchnorm:_BatchNorm", "1.0",
          "from_torch (batch norm's momentum=None check)")
 _feature("cuda.sleep", "torch.cuda:_sleep", "1.0", "the simulator's GPU calibration")
+
+
+# torch.cuda.graph(check_input_liveness=True): torch 2.13 (2.11 lacks the keyword and
+# refuses the call). Fallback False: the capture goes ahead without the check.
+_feature("cuda.graph_check_input_liveness", "torch.cuda:graph", "2.13",
+         "checking a CUDA graph's inputs are alive at each replay (CudaCapture(check_liveness=))",
+         fallback=False, keyword="check_input_liveness")
+
+
+def cuda_graph_kwargs(check_liveness=False):
+    """The optional keyword arguments for ``torch.cuda.graph`` this torch accepts.
+
+    ``check_liveness``: ask torch to check, at each replay, that no tensor the graph
+    reads from outside was freed (``check_input_liveness``). Where this torch lacks the
+    keyword the check is left out: it only checks, it changes nothing the graph
+    computes, and ``StepGraphs`` holds every tensor a graph reads anyway."""
+    if check_liveness and FEATURES["cuda.graph_check_input_liveness"].get() is not False:
+        return {"check_input_liveness": True}
+    return {}
 
 
 def batch_norm_base():

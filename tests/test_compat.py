@@ -226,3 +226,36 @@ def test_the_scan_finds_what_it_must(tmp_path):
     assert "torch._C._get_dispatch_mode" in names
     assert "torch.library.custom_op" in names
     assert not any("__version__" in n or "ops.aten" in n or "_foreach" in n for n in names)
+
+
+# --- keyword features: a newer parameter of a public torch API ----------------------------
+
+def test_cuda_graph_liveness_keyword_is_passed_only_where_torch_has_it():
+    # torch 2.11's torch.cuda.graph has no check_input_liveness and refuses the call
+    # (TypeError; found on the first GPU run, docs/gpu.md): compat decides, from the
+    # signature, whether to pass it; torch.cuda.graph is plain Python, so this runs on CPU
+    import inspect
+    has = "check_input_liveness" in inspect.signature(torch.cuda.graph).parameters
+    f = compat.FEATURES["cuda.graph_check_input_liveness"]
+    assert f.native == has
+    assert compat.cuda_graph_kwargs(True) == ({"check_input_liveness": True} if has else {})
+    assert compat.cuda_graph_kwargs(False) == {}
+    # whatever it returns, torch.cuda.graph accepts: binding the call never raises TypeError
+    inspect.signature(torch.cuda.graph).bind(None, pool=None, stream=None,
+                                             capture_error_mode="relaxed",
+                                             **compat.cuda_graph_kwargs(True))
+
+
+def test_a_keyword_feature_is_native_only_when_the_signature_names_it():
+    there = compat.Feature("test.kw", "torch.cuda:graph", "2.0", "the test", fallback=False,
+                           keyword="capture_error_mode")
+    missing = compat.Feature("test.kw", "torch.cuda:graph", "9.9", "the test",
+                             fallback=False, keyword="no_such_keyword_in_any_torch")
+    assert there.native and there.get() is torch.cuda.graph
+    assert not missing.native and missing.get() is False
+    refused = compat.Feature("test.kw", "torch.cuda:graph", "9.9", "the test",
+                             keyword="no_such_keyword_in_any_torch")
+    with pytest.raises(compat.TorchFeatureError) as e:
+        refused.get()
+    assert "torch.cuda.graph(no_such_keyword_in_any_torch=...)" in str(e.value)
+    assert "torch >= 9.9" in str(e.value)

@@ -55,6 +55,7 @@ import warnings
 
 import torch
 
+from .. import compat
 from ..errors import SSAExecError
 from ..graph.ssa import ComputationOpHandle
 from ..ops.registry import get_op_def
@@ -100,7 +101,8 @@ class CudaCapture:
     pool for every graph it makes (see the module docstring, Memory).
 
     ``check_liveness``: each replay first checks that no tensor the graph reads from
-    outside it was freed (torch's ``check_input_liveness``; slow, for tests)."""
+    outside it was freed (torch's ``check_input_liveness``; slow, for tests; skipped on a
+    torch without it, ``compat.cuda_graph_kwargs``)."""
 
     __slots__ = ("device", "stream", "pool", "check_liveness")
 
@@ -117,10 +119,10 @@ class CudaCapture:
             self.stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        # only when asked: torch releases before 2.13 lack the argument
-        extra = {"check_input_liveness": True} if self.check_liveness else {}
+        # the liveness check only when asked and where this torch has it (2.13+: compat)
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
-                              capture_error_mode="relaxed", **extra):
+                              capture_error_mode="relaxed",
+                              **compat.cuda_graph_kwargs(self.check_liveness)):
             result = step()
         return graph, result
 
