@@ -24,15 +24,25 @@ bandwidth) and, for ``algorithm="auto"``, takes the fastest, as NCCL's tuner pic
 per call.
 
 Each collective is a class whose methods hold its formulas (``ring_steps``: the ring's
-message steps and payload share; ``times``: seconds per algorithm it can run), listed
-once in the closed table ``COLLECTIVES`` (name -> model): ``collective_time`` looks the
-name up there and branches on no name. Reduce and broadcast run as rings only.
+message steps and payload share; ``times``: seconds per algorithm it can run) and that
+names the op handle class it prices (``handle``). Defining the class registers it:
+``cost_model(handle)`` finds a handle's model by the handle's class
+(``functools.singledispatch``, as the runtime's ``handle_fn`` and ``emit_handle``), so
+adding a collective is a handle class (``graph.handles``) and a model class here, and
+nothing branches on a kind name. ``COLLECTIVES`` (the handle kind's label -> model) is
+for display and for callers of ``collective_time`` that name a collective; the
+simulator passes models. Reduce and broadcast run as rings only.
 """
 
+import functools
 import math
 
+from ..errors import SSAExecError
+from ..graph.handles import AllReduceOpHandle, BroadcastOpHandle, ReduceOpHandle
+
 __all__ = ["ring_all_reduce", "tree_all_reduce", "ring_reduce", "ring_broadcast",
-           "hierarchical_all_reduce", "collective_time", "ALGORITHMS", "COLLECTIVES"]
+           "hierarchical_all_reduce", "collective_time", "cost_model", "Collective",
+           "ALGORITHMS", "COLLECTIVES"]
 
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 
@@ -101,14 +111,40 @@ def _tree(cluster, nbytes, ranks):
     return lat + 2 * nbytes / bw
 
 
+@functools.singledispatch
+def cost_model(handle):
+    """The ``Collective`` that prices op handle ``handle``, chosen by the handle's class.
+
+    Raises ``SSAExecError`` for a handle class no model names (not a collective).
+    """
+    raise SSAExecError(f"the simulator has no cost model for op handle kind {handle.kind!r}")
+
+
+# the collectives the simulator prices, by label (display, and names given to
+# collective_time); filled as each model class is defined
+COLLECTIVES = {}
+
+
 class Collective:
-    """One collective's cost model on a ``Cluster`` (launch latency excluded)."""
+    """One collective's cost model on a ``Cluster`` (launch latency excluded).
+
+    A subclass that sets ``handle`` (an op handle class) prices that class's handles:
+    defining it registers one instance with ``cost_model`` and ``COLLECTIVES``.
+    """
 
     __slots__ = ()
-    name = None  # its key in ``COLLECTIVES``: the kind of the handle that runs it
+    handle = None  # the op handle class it prices
+    name = None  # the label of that class's kind (display): set from ``handle``
     passes = 1  # passes over the places' tensors of the in-process part (sums, copies)
     splits = False  # a start handle and a wait handle (asynchronous all-reduce)
     hierarchical = False  # across processes: local reduce, processes, local broadcast
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "handle" in cls.__dict__:
+            cls.name = cls.handle.kind
+            model = COLLECTIVES[cls.name] = cls()
+            cost_model.register(cls.handle, lambda handle: model)
 
     def in_process(self, processes):
         """The model of its in-process part when ``processes`` processes take part."""
@@ -128,14 +164,14 @@ class AllReduce(Collective):
     """Ring (reduce-scatter then all-gather: two passes), tree or hierarchical."""
 
     __slots__ = ()
-    name = "all_reduce"
+    handle = AllReduceOpHandle
     passes = 2
     splits = True
     hierarchical = True
 
     def in_process(self, processes):
         # several processes: the places reduce to one tensor, the processes all-reduce it
-        return COLLECTIVES["reduce"] if processes > 1 else self
+        return Reduce() if processes > 1 else self
 
     @staticmethod
     def ring_steps(ranks, nodes):
@@ -156,7 +192,7 @@ class Reduce(Collective):
     """Ring reduce-scatter + gather to the root: one pass round the ring."""
 
     __slots__ = ()
-    name = "reduce"
+    handle = ReduceOpHandle
 
     @staticmethod
     def ring_steps(ranks, nodes):
@@ -167,11 +203,7 @@ class Broadcast(Reduce):
     """Scatter + ring all-gather from the root: the reduce's steps, run backwards."""
 
     __slots__ = ()
-    name = "broadcast"
-
-
-# the closed list of collectives the simulator prices: name -> model
-COLLECTIVES = {model.name: model() for model in (AllReduce, Reduce, Broadcast)}
+    handle = BroadcastOpHandle
 
 
 def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
@@ -180,8 +212,8 @@ def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
     Parameters
     ----------
     cluster : ssaexec.sim.cluster.Cluster
-    coll : {"all_reduce", "reduce", "broadcast"}
-        A name in ``COLLECTIVES``.
+    coll : Collective or {"all_reduce", "reduce", "broadcast"}
+        The model (``cost_model(handle)``), or its name in ``COLLECTIVES``.
     nbytes : int
         Payload of one rank (what the rank holds before the call).
     ranks : int
@@ -197,7 +229,8 @@ def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
         return 0.0, "none"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    model = COLLECTIVES.get(coll)
+    # a caller outside the simulator names the collective; the simulator passes the model
+    model = coll if isinstance(coll, Collective) else COLLECTIVES.get(coll)
     if model is None:
         raise ValueError(f"coll must be one of {tuple(COLLECTIVES)}, got {coll!r}")
     times = model.times(cluster, nbytes, ranks)

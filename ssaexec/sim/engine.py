@@ -8,9 +8,10 @@ what the α-β models (``ssaexec.sim.comm``) say it costs on all ``P x processes
 The model, resource by resource:
 
 * **Scheduler.** The graph is cut into the nodes the executor schedules by the
-  runtime's own ``runtime.node_graph.partition`` (the compiled runner's segments,
-  collectives and fetches with the alias edges and the commit barrier; one node per
-  op handle on the readable path), and replayed with the ``Scheduler``'s own plan
+  runtime's own step plan (``runtime.plan.build_plan``: the compiled runner's
+  segments, collectives and fetches with the alias edges and the commit barrier;
+  one node per op handle on the readable path; the plan's no-op collective rule),
+  and replayed with the ``Scheduler``'s own plan
   and policy code (``DependencyPlan``, ``run_here``, ``default_threads``): the
   caller thread takes the first compute root; a thread that finishes a node runs
   ONE newly ready node itself and queues the rest (communication first), which an
@@ -53,43 +54,44 @@ step; ``optimizer`` is the device time of the updates (fused or one by one).
 """
 
 import dataclasses
+import functools
 import heapq
 import weakref
 from collections import deque
 
-from ..graph.aliasing import plan_aliasing
-from ..graph.ssa import AllReduceWaitOpHandle, FetchOpHandle
+from ..errors import SSAExecError
+from ..graph.ssa import (AllReduceWaitOpHandle, CollectiveOpHandle, ComputationOpHandle,
+                         FetchOpHandle, ScaleLossGradOpHandle)
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
-from ..runtime.node_graph import partition
-from .comm import COLLECTIVES, collective_time
+from ..runtime.plan import build_plan
+from .comm import collective_time, cost_model
 from .costs import foreach_cost, wire_bytes
 from .profile import OpCost
 from .result import Activity, SimResult
 
-__all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph"]
+__all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph", "step_plan"]
 
-_NODES = weakref.WeakKeyDictionary()  # graph -> {(compiled, noop): (NodeGraph, plan)}
+_PLANS = weakref.WeakKeyDictionary()  # graph -> {(compiled, processes): StepPlan}
+
+
+def step_plan(graph, compiled=True, processes=1):
+    """The runtime's own ``StepPlan`` of ``graph`` (``runtime.plan``) in ``processes``
+    processes: what a runner with that collective backend builds. Cached per graph: a
+    replay only reads it."""
+    cache = _PLANS.setdefault(graph, {})
+    key = (bool(compiled), processes)
+    if key not in cache:
+        cache[key] = build_plan(graph, bool(compiled), processes)
+    return cache[key]
 
 
 def node_graph(graph, compiled=True, noop_collectives=False):
-    """The nodes the scheduler runs and their plan: ``(NodeGraph, DependencyPlan)``.
-
-    The runtime's own partition (``runtime.node_graph``): compiled segments, or one
-    node per op handle, with the commit barrier either way. The compiled form adds
-    the alias order edges to ``graph``, as the compiled runner does when it is built.
-    Cached per graph: a replay only reads them.
-    """
-    cache = _NODES.setdefault(graph, {})
-    key = (compiled, noop_collectives)
-    if key not in cache:
-        if compiled:
-            plan_aliasing(graph)
-            nodes = partition(graph, True, noop_collectives, atomic=not noop_collectives)
-        else:
-            nodes = partition(graph, segments=False, atomic=True)
-        cache[key] = (nodes, nodes.plan())
-    return cache[key]
+    """The nodes the scheduler runs and their plan: ``(NodeGraph, DependencyPlan)``,
+    the step plan's (``step_plan``). ``noop_collectives``: in one process (the plan
+    decides whether its collectives then do nothing), else in several."""
+    plan = step_plan(graph, compiled, 1 if noop_collectives else None)
+    return plan.nodes, plan.deps
 
 
 def _core_speed(host, busy):
@@ -171,9 +173,9 @@ class _Replay:
         self.channels = [_Slot() for _ in range(max(1, cluster.comm_channels))]
         # processes of one node act as ranks of a cluster with that many per node
         self.proc_cluster = cluster.replace(gpus_per_node=self.procs_per_node)
-        node_graph_, self.plan = node_graph(graph, compiled, noop_collectives=self.P == 1 and
-                                            processes == 1)
-        self.nodes = node_graph_.nodes
+        self.step_plan = step_plan(graph, compiled, processes)
+        self.plan = self.step_plan.deps
+        self.nodes = self.step_plan.nodes.nodes
         self.pending = list(self.plan.pending)
         self.num_threads = 1 if inline else (threads or scheduler.default_threads(self.P))
         self.inline = bool(inline) or self.num_threads == 1
@@ -227,7 +229,7 @@ class _Replay:
         if P <= 1 or not self.comm:
             return 0.0
         if self.cluster.local_sum is None or (self.gpu and not self.shared):
-            return self.net_time(model.in_process(self.procs).name, nbytes, P)
+            return self.net_time(model.in_process(self.procs), nbytes, P)
         # CPU places: host work; GPU places sharing a device: LocalCollective's kernels
         alpha, bw = self.cluster.local_sum
         return (P - 1) * (alpha + nbytes / bw) * model.passes / 2
@@ -295,12 +297,7 @@ class _Replay:
 
     # --- handles --------------------------------------------------------------------------
     def run_handle(self, thread, h):
-        if isinstance(h, AllReduceWaitOpHandle):
-            yield from self.wait_handle(thread, h)
-        elif h.is_collective:
-            yield from self.collective(thread, h)
-        else:
-            yield from self.op(thread, h)
+        yield from replay_handle(h, self, thread)  # chosen by the handle's class
 
     def op(self, thread, h):
         c = self.cost(h)
@@ -343,12 +340,11 @@ class _Replay:
 
     def collective(self, thread, h):
         nbytes = wire_bytes(h, self.graph.program)
-        model = COLLECTIVES[h.kind]  # the handle's kind names its cost model (sim.comm)
-        coll = model.name
+        model = cost_model(h)  # the handle's class names its cost model (sim.comm)
         is_async = model.splits and h.wait is not None
         label = h.name
         P = self.P
-        if P == 1 and self.procs == 1:
+        if self.step_plan.noop_collectives:
             # nothing to do: the compiled path emits no code for it, the readable path
             # calls the backend once
             t = self.host_work(thread, 0.0 if self.cuda_graph or self.compiled
@@ -363,9 +359,9 @@ class _Replay:
             t = self.host_work(thread, 0.0 if self.cuda_graph else launch, label)
             work = local
             if cross and model.hierarchical:  # local reduce, processes, local broadcast
-                work += self.net_time(coll, nbytes, self.procs, self.proc_cluster)
+                work += self.net_time(model, nbytes, self.procs, self.proc_cluster)
             elif cross:
-                work = self.net_time(coll, nbytes, self.ranks)
+                work = self.net_time(model, nbytes, self.ranks)
             a = self.stream_work(self.proc_comm, work, label,
                                  [(t, thread.last)] + self.deps(h), "comm")
             self.dev_end[h.id] = (a.end, a)
@@ -391,7 +387,7 @@ class _Replay:
         if cross:
             t = self.host_work(thread, self.host.op_s + self.cluster.collective_issue_s, label)
             yield t
-            net = self.net_time(coll, nbytes, self.procs, self.proc_cluster)
+            net = self.net_time(model, nbytes, self.procs, self.proc_cluster)
             ch = min(self.channels, key=lambda c: c.free)
             a = self.stream_work(ch, net, label, [(t, thread.last)], "comm")
             if is_async:
@@ -553,6 +549,22 @@ class _Replay:
                          comm_busy_s=self.busy["comm"], critical=path,
                          algorithms=dict(self.algos), notes=list(self.notes),
                          activities=self.acts)
+
+
+@functools.singledispatch
+def replay_handle(h, replay, thread):
+    """Replay op handle ``h`` on ``thread`` of ``replay``: chosen by the handle's class,
+    as the runtime's ``handle_fn`` and ``emit_handle`` choose how it runs. A generator
+    of the times the thread is next free; a new kind registers here."""
+    raise SSAExecError(f"the simulator has no model for op handle kind {h.kind!r}")
+
+
+for _cls in (ComputationOpHandle, ScaleLossGradOpHandle, FetchOpHandle):
+    replay_handle.register(_cls, lambda h, replay, thread: replay.op(thread, h))
+replay_handle.register(CollectiveOpHandle,
+                       lambda h, replay, thread: replay.collective(thread, h))
+replay_handle.register(AllReduceWaitOpHandle,
+                       lambda h, replay, thread: replay.wait_handle(thread, h))
 
 
 def simulate_step(graph, profile, cluster, processes=1, compiled=True, cuda_graph=False,

@@ -26,6 +26,7 @@ Three sources, one class:
   ``Device.kernel_min``. For devices this machine does not have.
 """
 
+import functools
 import json
 import math
 import re
@@ -33,7 +34,8 @@ import statistics
 
 from ..errors import SSAExecError
 from ..safe_files import read_regular
-from ..graph.ssa import ComputationOpHandle, FetchOpHandle
+from ..graph.ssa import (HANDLE_KINDS, AllReduceWaitOpHandle, CollectiveOpHandle,
+                         ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 
 __all__ = ["OpCost", "Profile", "op_key", "PRECISIONS"]
 
@@ -42,14 +44,51 @@ PRECISIONS = ("fp32", "tf32", "amp")  # how an estimate's fp32 program runs (est
 _VERSION = re.compile(r"@v\d+(\[[^\]]*\])?$")
 
 
+def _compute_key(op_type, outputs):
+    return f"{op_type}|{','.join(outputs)}"
+
+
+def _fetch_key(var_name):
+    return f"fetch|{var_name}"
+
+
+@functools.singledispatch
 def op_key(handle):
-    """The profile key of an op handle: op type and written vars (kind for the others)."""
-    if isinstance(handle, ComputationOpHandle):
-        outs = [v.name for v in handle.outputs if not v.is_dummy]
-        return f"{handle.op.type}|{','.join(outs)}"
-    if isinstance(handle, FetchOpHandle):
-        return f"fetch|{handle.var_name}"
+    """The profile key of op handle ``handle``, chosen by its class.
+
+    A computation: its op type and the vars it writes; a fetch: the var it reads; the
+    other kinds: one entry per kind, named by the kind's label.
+    """
+    raise SSAExecError(f"a profile has no key for op handle kind {handle.kind!r}")
+
+
+@op_key.register
+def _(handle: ComputationOpHandle):
+    return _compute_key(handle.op.type, [v.name for v in handle.outputs if not v.is_dummy])
+
+
+@op_key.register
+def _(handle: FetchOpHandle):
+    return _fetch_key(handle.var_name)
+
+
+@op_key.register(ScaleLossGradOpHandle)
+@op_key.register(CollectiveOpHandle)
+@op_key.register(AllReduceWaitOpHandle)
+def _(handle):
+    # every handle of the kind costs the same; the label is only the entry's name
     return handle.kind
+
+
+# How a trace slice of each class gives its profile key (``_medians``): (the lane it is
+# read from, None for any; its key from the slice's args). The keys agree with
+# ``op_key``. Collectives and their waits are modelled, not replayed: not here.
+_SLICE_KEYS = {
+    ComputationOpHandle: (1, lambda args: _compute_key(
+        args.get("op_type"), [_VERSION.sub("", o) for o in args.get("outputs", [])])),
+    ScaleLossGradOpHandle: (1, lambda args: ScaleLossGradOpHandle.kind),
+    FetchOpHandle: (None, lambda args: _fetch_key(args.get("var"))),
+}
 
 
 class OpCost:
@@ -428,24 +467,16 @@ def _medians(doc):
     """{op_key: median slice seconds} of place 0's lane (pid 1) and the fetch lane."""
     per = {}
     for e in doc.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") in (None, "step"):
+        if e.get("ph") != "X":
             continue
-        args = e.get("args", {})
-        cat = e.get("cat")  # the trace's category: the handle kind's label
-        if cat == "compute":
-            if e.get("pid") != 1:
-                continue
-            outs = [_VERSION.sub("", o) for o in args.get("outputs", [])]
-            key = f"{args.get('op_type')}|{','.join(outs)}"
-        elif cat == "scale_loss_grad":
-            if e.get("pid") != 1:
-                continue
-            key = cat
-        elif cat == "fetch":
-            key = f"fetch|{args.get('var')}"
-        else:
-            continue  # collectives are modelled, not replayed
-        per.setdefault(key, []).append(float(e.get("dur", 0.0)) / 1e6)
+        # a slice names its handle class by the kind's label (its category): read back
+        # to the class here, once; the class decides the rest (steps have no class)
+        cat = e.get("cat")
+        cls = HANDLE_KINDS.get(cat) if isinstance(cat, str) else None
+        lane, key = _SLICE_KEYS.get(cls, (None, None))
+        if key is None or lane not in (None, e.get("pid")):
+            continue
+        per.setdefault(key(e.get("args", {})), []).append(float(e.get("dur", 0.0)) / 1e6)
     if not per:
         raise SSAExecError("the trace has no op slices on place 0 (is it ssaexec trace output?)")
     return {k: statistics.median(v) for k, v in per.items()}
