@@ -460,3 +460,36 @@ def test_cuda_sync_debug_mode_reports_a_sync_where_it_was_made():
     assert torch.cuda.get_sync_debug_mode() == 0  # put back as it was
     with pytest.raises(HostSyncError), HostSyncDetector("error"):
         x.sum().item()
+
+
+def _logged(*entries):
+    """What ``warnings.catch_warnings(record=True)`` records for ``(message, category)``."""
+    with warnings.catch_warnings(record=True) as log:
+        warnings.simplefilter("always")
+        for message, category in entries:
+            warnings.warn(message, category)
+    return log
+
+
+def test_the_detectors_own_setup_is_never_a_cuda_sync_report():
+    # the first GPU run (torch 2.11, docs/gpu.md): torch.cuda.set_sync_debug_mode("warn")
+    # itself warns that the mode is a prototype; the detector counted that as a sync of
+    # the step. What the setup logged is passed on; only torch's report counts.
+    from ssaexec.runtime.host_sync import CUDA_SYNC_REPORT, split_cuda_log
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect "
+              "all synchronizing operations (Triggered internally at "
+              "/pytorch/torch/csrc/cuda/Module.cpp:1003.)")
+    report = f"{CUDA_SYNC_REPORT} (Triggered internally at c10/cuda/CUDAFunctions.cpp:156.)"
+    log = _logged((notice, UserWarning), (report, UserWarning),
+                  ("host read: aten.item at x.py", HostSyncWarning),
+                  ("unrelated: a deprecated argument", UserWarning), (report, UserWarning))
+    reports, others = split_cuda_log(log, setup=1)
+    assert [str(w.message) for w in reports] == [report, report]
+    assert [str(w.message) for w in others] == [notice, "host read: aten.item at x.py",
+                                                "unrelated: a deprecated argument"]
+    # the notice is no report even when it arrives later (torch warns it once a process,
+    # so another detector may see it mid-step): it names no synchronising call
+    reports, others = split_cuda_log(log, setup=0)
+    assert len(reports) == 2 and str(others[0].message) == notice
+    # nothing lost, nothing doubled
+    assert len(reports) + len(others) == len(log)

@@ -45,7 +45,7 @@ from ..compat import TorchDispatchMode
 from ..errors import SSAExecError
 
 __all__ = ["HostSyncDetector", "HostSync", "Allowed", "ALLOWED", "HostSyncError",
-           "HostSyncWarning", "KINDS"]
+           "HostSyncWarning", "KINDS", "CUDA_SYNC_REPORT", "split_cuda_log"]
 
 # what a finding is
 KINDS = {
@@ -253,6 +253,29 @@ class _Function(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# torch's report of a synchronising call in sync debug mode "warn"
+# (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync); nothing else counts as one: torch
+# 2.11's set_sync_debug_mode itself warns "Synchronization debug mode is a prototype
+# feature and does not yet detect all synchronizing operations" (once a process)
+CUDA_SYNC_REPORT = "called a synchronizing CUDA operation"
+
+
+def split_cuda_log(log, setup=0):
+    """``(reports, others)``: the warnings caught while CUDA's sync debug mode was on.
+
+    ``reports`` are torch's reports of a synchronising call (``CUDA_SYNC_REPORT``);
+    ``others`` every other warning (the detector's own ``HostSyncWarning``, a step's
+    unrelated warnings, torch's notice when the mode is turned on), to be warned again
+    unchanged. The first ``setup`` entries were logged while the detector turned the mode
+    on: its own setup, never a report."""
+    reports, others = [], list(log[:setup])
+    for w in log[setup:]:
+        is_report = (not issubclass(w.category, HostSyncWarning)
+                     and CUDA_SYNC_REPORT in str(w.message))
+        (reports if is_report else others).append(w)
+    return reports, others
+
+
 class HostSyncDetector:
     """Watch a step for host syncs (module docstring); a context manager.
 
@@ -290,6 +313,7 @@ class HostSyncDetector:
         self._cuda_prev = None
         self._caught = None     # the catch_warnings that collects CUDA's reports
         self._cuda_log = None
+        self._cuda_setup = 0    # how many of its entries turning the mode on logged
 
     def _found(self, kind, call, stack=None):
         if stack is None:
@@ -314,6 +338,9 @@ class HostSyncDetector:
             self._cuda_log = self._caught.__enter__()
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
+            # what turning the mode on logged (torch's notice that the mode is a prototype)
+            # is the detector's own setup, never a report about the step
+            self._cuda_setup = len(self._cuda_log)
         self._modes = (_Function(self), _Dispatch(self))
         for m in self._modes:
             m.__enter__()
@@ -330,13 +357,10 @@ class HostSyncDetector:
             log, self._cuda_log = self._cuda_log, None
             mode, self.mode = self.mode, "warn"  # CUDA's reports raise below, all at once
             before = len(self.findings)
-            for w in log:
-                if issubclass(w.category, HostSyncWarning):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                    continue
-                if "synchroniz" not in str(w.message):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                    continue
+            reports, others = split_cuda_log(log, self._cuda_setup)
+            for w in others:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            for w in reports:
                 path = w.filename
                 where = ("ssaexec/" + path[len(_PACKAGE):].replace(os.sep, "/")
                          if path.startswith(_PACKAGE) else path)
