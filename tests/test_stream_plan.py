@@ -290,7 +290,7 @@ def test_stream_sync_applies_the_runners_plan(strategy):
                               optimizer=make_optimizer("adam", 0.01))
     for kind in (GraphRunner, CompiledRunner):
         graph = se.build_ssa_graph(main, places, se.BuildStrategy(**STRATEGIES[strategy]),
-                                   [loss.name])
+                                   [loss])  # build_mlp returns the loss name
         sched = Scheduler(1)
         try:
             runner = kind(graph, [se.Scope() for _ in places], LocalCollective(), sched,
