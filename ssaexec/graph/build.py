@@ -1,9 +1,14 @@
 """``build_ssa_graph``: replicate a program over places as a versioned SSA graph.
 
-Walks block 0 in program order once. For each op and place it creates a handle,
-binds every read to the latest version of that name on that place and makes a
-new version for every write (``SSAGraph.read``/``write`` add the hazard
-edges). Then, as RAF's AutoDataParallel pass does after autodiff:
+The graph is built by the ordered list of named passes of ``graph.passes``
+(``PASSES``), as Paddle's ``multi_devices_graph_pass`` and the passes after it:
+replicate each op of block 0 per place, seed the loss gradient, mark sparse
+gradients, pick ZeRO/reduce owners, insert each gradient's collective, fuse
+them into buckets, add the asynchronous waits, the sequential and the
+collective-order edges, and the fetches. Each read binds to the latest version
+of that name on that place and each write makes a new version (``SSAGraph.read``/
+``write`` add the hazard edges) when the result is materialized. As RAF's
+AutoDataParallel pass does after autodiff:
 
 * the op with role ``loss`` that seeds ``loss@GRAD`` becomes a
   ``ScaleLossGradOpHandle`` per place (or disappears when the user feeds it);
@@ -24,77 +29,19 @@ edges). Then, as RAF's AutoDataParallel pass does after autodiff:
 
 Ops owning sub-blocks become one handle whose reads and writes include those
 of their sub-blocks (names declared outside the sub-block).
+
+``BuildStrategy(debug_graphviz_path=PATH)`` writes the built graph's DOT text to
+``PATH`` and the graph after each pass to ``PATH.<nn>_<pass>.dot`` (``pass_dump_path``).
 """
 
-from ..errors import GraphError, ProgramError
-from ..dtypes import torch_dtype
-from ..limits import depth_problem
-from ..program.desc import EMPTY_VAR, OpDesc, Program
+from ..errors import GraphError
+from ..program.desc import Program
 from ..place import Place
 from ..strategy import BuildStrategy
-from .fuse import GradBucketer
-from .ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
-                  ComputationOpHandle, FetchOpHandle, ReduceOpHandle, ScaleLossGradOpHandle,
-                  SSAGraph)
+from .passes import PASSES, _nbytes, grad_owners, materialize, op_reads_writes, run_passes
 
-__all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners"]
-
-
-def _sub_block_io(program, idx, reads, writes, seen, local=frozenset()):
-    if idx in seen:
-        raise ProgramError(f"sub-block {idx} refers back to itself")
-    # ``seen`` holds block 0 and the chain down to here: its size is the nesting, which
-    # validation bounds; this bounds the recursion of programs built without it
-    problem = depth_problem(len(seen), f"sub-block {idx}")
-    if problem:
-        raise ProgramError(problem)
-    seen = seen | {idx}
-    block = program.block(idx)
-    # Names declared in this block or in an enclosing sub-block are not visible to
-    # the graph; only the outer (block 0) names are reads and writes of the op.
-    local = local | set(block.vars)
-    for op in block.ops:
-        for n in op.input_names():
-            if n not in local and n not in reads:
-                reads.append(n)
-        for n in op.output_names():
-            if n not in local and n not in writes:
-                writes.append(n)
-        for sub in op.sub_blocks():
-            _sub_block_io(program, sub, reads, writes, seen, local)
-
-
-def op_reads_writes(program, op):
-    """(reads, writes): var names ``op`` reads and writes, sub-blocks included."""
-    reads = list(dict.fromkeys(op.input_names()))
-    writes = list(dict.fromkeys(n for n in op.output_names() if n != EMPTY_VAR))
-    for sub in op.sub_blocks():
-        _sub_block_io(program, sub, reads, writes, {0})
-    return reads, writes
-
-
-def _nbytes(program, name, wire=None):
-    """Bytes of var ``name`` (as sent, when a floating var travels as ``wire``)."""
-    var = program.global_block().find_var(name)
-    if var is None or var.numel is None:
-        return 0
-    dtype = torch_dtype(var.dtype)
-    if wire is not None and dtype.is_floating_point:
-        dtype = torch_dtype(wire)
-    return var.numel * dtype.itemsize
-
-
-def grad_owners(program, param_grads, num_places):
-    """Assign each parameter an owner place, greedily balancing gradient bytes."""
-    load = [0] * num_places
-    owners = {}
-    for p, g in param_grads:
-        if p in owners:
-            continue
-        i = min(range(num_places), key=lambda k: (load[k], k))
-        owners[p] = i
-        load[i] += _nbytes(program, g)
-    return owners
+__all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners", "graph_after_each_pass",
+           "pass_dump_path"]
 
 
 def _check_args(program, places):
@@ -109,6 +56,11 @@ def _check_args(program, places):
     if len(set(places)) != len(places):
         raise GraphError(f"places must be distinct, got {[str(p) for p in places]}")
     return places
+
+
+def pass_dump_path(path, k, name):
+    """Where the graph after pass number ``k`` (from 1) named ``name`` is written."""
+    return f"{path}.{k:02d}_{name}.dot"
 
 
 def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
@@ -131,154 +83,30 @@ def build_ssa_graph(program, places, build_strategy=None, fetch_list=None):
     """
     places = _check_args(program, places)
     strategy = build_strategy or BuildStrategy()
-    g = SSAGraph(program, places, strategy)
-    block = program.global_block()
-    n = len(places)
-    ranks = n * strategy.num_trainers
-    # owners update their parameters alone (reduce strategy, ZeRO 1 and 2), and with the
-    # reduce strategy or ZeRO 2 only they receive the summed gradient
-    reduce_mode = strategy.reduce_strategy == "reduce" or strategy.zero_stage == 2
-    owner_mode = reduce_mode or strategy.zero_stage == 1
-    wire = {"bf16": "bfloat16", "fp16": "float16"}.get(strategy.allreduce_dtype)
-    param_grads = g.param_grads()
-    if owner_mode:
-        g.param_owner = grad_owners(program, param_grads, n)
-    chain = []
-    sparse_vars = set()  # sparse gradients made so far (ops.sparse)
-    last_on_place = [None] * n
-    bucketer = None
-    if strategy.fuses_all_reduce() and not reduce_mode:
-        bucketer = GradBucketer(strategy.fuse_bucket_mb * (1 << 20))
+    path = strategy.debug_graphviz_path
+    after = None
+    if path:
+        numbered = {p.name: k for k, p in enumerate(PASSES, 1)}
 
-    for i, op in enumerate(block.ops):
-        if bucketer is not None and bucketer.holds(sum(op_reads_writes(program, op), [])):
-            # someone reads or overwrites a gradient still waiting in a bucket: reduce it first
-            chain.append(_all_reduce(g, bucketer.take(), wire))
-        if op.role == "loss":
-            _scale_loss_grad(g, op, i, strategy, ranks)
-            continue
-        targets = range(n)
-        if owner_mode and op.role == "optimize" and op.role_var:
-            p = op.role_var[0][0]
-            if p not in g.param_owner:
-                raise GraphError(f"op #{i} {op.type!r} updates parameter {p!r}, but no backward "
-                                 "op lists it in role_var, so the reduce strategy has no owner "
-                                 "place for it")
-            targets = [g.param_owner[p]]
-        sparse = op.role == "backward" and (op.attrs.get("is_sparse") is True or (
-            op.type == "sum" and set(op.input_names()) <= sparse_vars))  # sparse + sparse
-        if sparse and not strategy.sparse_gradients:
-            op, sparse = _dense_grad(op), False
-        if sparse:
-            sparse_vars.update(op.output_names())
-        reads, writes = op_reads_writes(program, op)
-        for pi in targets:
-            h = g.add_op(ComputationOpHandle(op, i, places[pi], pi))
-            for name in reads:
-                g.read(h, pi, name)
-            for name in writes:
-                g.write(h, pi, name)
-            if strategy.enable_sequential_execution:
-                if last_on_place[pi] is not None:
-                    g.depend(last_on_place[pi], h, "sequential")
-                last_on_place[pi] = h
-        if op.role == "backward":
-            for p, grad in op.role_var:
-                if reduce_mode:
-                    chain.append(_reduce(g, grad, g.param_owner[p]))
-                elif bucketer is not None and not sparse:  # rows and values: not flattened
-                    var = block.find_var(grad)
-                    for names in bucketer.add(grad, _nbytes(program, grad, wire), var.dtype):
-                        chain.append(_all_reduce(g, names, wire))
-                else:
-                    chain.append(_all_reduce(g, [grad], None if sparse else wire))
-        if owner_mode and op.role == "optimize" and op.role_var and n > 1:
-            p = op.role_var[0][0]
-            chain.append(_broadcast(g, [p], g.param_owner[p]))
-
-    if bucketer is not None and bucketer.names:
-        chain.append(_all_reduce(g, bucketer.take(), wire))
-    for prev, cur in zip(chain, chain[1:]):
-        g.depend(prev, cur, "collective_order")
-    for k, h in enumerate(chain):
-        h.seq = k
-    g.collectives = chain
-
-    for name in fetch_list or ():
-        if block.find_var(name) is None:
-            raise GraphError(f"fetch var {name!r} is not declared in the program")
-        h = g.add_op(FetchOpHandle(name))
-        for pi in range(n):
-            if g.latest(pi, name) is None:
-                raise GraphError(f"fetch var {name!r} is neither written by the program nor "
-                                 f"read by it on {places[pi]}; nothing to fetch")
-            g.read(h, pi, name)
-        g.fetches.append(h)
-
-    if strategy.debug_graphviz_path:
-        with open(strategy.debug_graphviz_path, "w", encoding="utf-8") as f:
-            f.write(g.to_dot())
+        def after(p, bg):
+            _write(pass_dump_path(path, numbered[p.name], p.name), materialize(bg).to_dot())
+    g = materialize(run_passes(program, places, strategy, fetch_list, after=after))
+    if path:
+        _write(path, g.to_dot())
     return g
 
 
-def _dense_grad(op):
-    # BuildStrategy(sparse_gradients=False): this graph's copy of the grad op makes a
-    # dense gradient (the program keeps its is_sparse)
-    return OpDesc(op.type, op.inputs, op.outputs, dict(op.attrs, is_sparse=False), op.role,
-                  op.role_var)
+def graph_after_each_pass(program, places, build_strategy=None, fetch_list=None):
+    """[(pass, SSAGraph)]: the graph after each pass of ``PASSES``, in order (the last is
+    ``build_ssa_graph``'s). Writes no debugging files."""
+    places = _check_args(program, places)
+    strategy = build_strategy or BuildStrategy()
+    out = []
+    run_passes(program, places, strategy, fetch_list,
+               after=lambda p, bg: out.append((p, materialize(bg))))
+    return out
 
 
-def _scale_loss_grad(g, op, index, strategy, ranks):
-    names = op.output_names()
-    if len(names) != 1:
-        raise GraphError(f"op #{index} {op.type!r} has role 'loss' but writes {names}; the "
-                         "loss-gradient seed must write exactly one var")
-    if strategy.gradient_scale_strategy == "customized":
-        return  # the user feeds loss@GRAD on every place: it is a version-0 read
-    # the mean over every sample of the step: all ranks, and all accumulated micro-batches
-    coeff = 1.0 / (ranks * strategy.gradient_accumulation_steps) \
-        if strategy.gradient_scale_strategy == "coeff_num_device" else 1.0
-    shape = op.attrs.get("shape", [])
-    dtype = op.attrs.get("dtype", "float32")
-    for pi, place in enumerate(g.places):
-        h = g.add_op(ScaleLossGradOpHandle(names[0], coeff, shape, dtype, place, pi, index))
-        g.write(h, pi, names[0])
-
-
-def _all_reduce(g, grads, wire=None):
-    h = g.add_op(AllReduceOpHandle(grads, wire))
-    _read_write_all(g, h, grads)
-    if g.strategy.num_trainers > 1 and g.strategy.async_allreduce:
-        # the handle starts the cross-process call (its version of each gradient is "in
-        # flight"); a wait handle completes it, and only the readers of its version wait
-        h.wait = g.add_op(AllReduceWaitOpHandle(h))
-        g.depend(h, h.wait, "async")
-        _read_write_all(g, h.wait, grads)
-    return h
-
-
-def _read_write_all(g, h, names):
-    for name in names:
-        for pi in range(len(g.places)):
-            g.read(h, pi, name)
-    for name in names:
-        for pi in range(len(g.places)):
-            g.write(h, pi, name)
-
-
-def _reduce(g, grad, owner):
-    h = g.add_op(ReduceOpHandle([grad], owner))
-    for pi in range(len(g.places)):
-        g.read(h, pi, grad)
-    g.write(h, owner, grad)
-    return h
-
-
-def _broadcast(g, names, root):
-    h = g.add_op(BroadcastOpHandle(names, root))
-    for name in names:
-        g.read(h, root, name)
-        for pi in range(len(g.places)):
-            if pi != root:
-                g.write(h, pi, name)
-    return h
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
