@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ssaexec.distributed as dist
+from ssaexec import compat
 from ssaexec.runtime.dist_collective import ProcessGroupCollective, waits_on_stream
 
 
@@ -59,14 +60,21 @@ def test_nccl_wait_leaves_the_host_free(world_of_one):
     info = dist.init(backend="nccl", timeout=60)
     coll = ProcessGroupCollective(timeout=info.timeout)
     x = torch.ones(1 << 20, device="cuda")
+    # the first collective makes the NCCL communicator (lazily: dist.init gives no
+    # device_id), which may take longer than the sleep below or wait for the device; the
+    # first GPU run (torch 2.11, docs/gpu.md) failed here on that setup, not on the wait.
+    # One collective first, so what follows times only issuing and waiting.
+    coll.all_reduce_start([x])()
     torch.cuda.synchronize()
     stream = torch.cuda.current_stream()
     # about a second of spinning on the stream: NCCL's stream waits for it, and a host
     # wait for the collective would last as long
-    torch.cuda._sleep(2_000_000_000)
+    compat.cuda_sleep(2_000_000_000)
     finish = coll.all_reduce_start([x])
+    issued_busy = not stream.query()
     finish()
     busy = not stream.query()
     torch.cuda.synchronize()
+    assert issued_busy, "issuing the collective waited for the device (not the wait's doing)"
     assert busy, "the host waited for the collective (work.wait with a timeout)"
     assert torch.equal(x, torch.ones_like(x))
