@@ -31,7 +31,7 @@ from .models import model_kwargs, title_size
 from .report import compare, load_average, machine_description, report, summarise
 
 __all__ = ["MODES", "DEFAULT_MODES", "SCHEMA", "PRESETS", "add_arguments", "settings", "plan",
-           "run", "main"]
+           "cuda_devices", "run", "main"]
 
 DESCRIPTION = "Benchmark harness: images/sec of one model trained in several modes, in one run."
 
@@ -168,6 +168,33 @@ def settings(args):
     return s
 
 
+# the modes that run one process a place: each needs a GPU of its own
+_PROCESS_A_PLACE = ("torch-ddp", "torch-compile-ddp") + NPROC_MODES
+
+
+def cuda_devices(ids, counts, modes):
+    """The CUDA device of each place of ``--places cuda:<ids>``, checked.
+
+    The benchmark numbers GPUs 0..N-1 in order (``CUDA_VISIBLE_DEVICES`` picks which);
+    a device may repeat: ``cuda:0,0`` is two places on one GPU, which ssaexec supports
+    in one process, so the modes that run a process a place (DDP, torchrun) refuse it
+    when more than one place shares a device. ``SystemExit`` with the reason otherwise.
+    """
+    distinct = sorted(set(ids))
+    if distinct != list(range(len(distinct))) or ids != sorted(ids):
+        raise SystemExit("the benchmark uses CUDA devices 0..N-1 in order (a device may "
+                         "repeat: cuda:0,0 is two places on one GPU); restrict them with "
+                         "CUDA_VISIBLE_DEVICES instead of --places cuda:<ids>")
+    shared = [p for p in counts if p > 1 and len(set(ids[:p])) < p]
+    bad = [m for m in modes if m in _PROCESS_A_PLACE]
+    if shared and bad:
+        raise SystemExit(f"mode {bad[0]} runs a process a place and needs a GPU each, but "
+                         f"{shared[0]} places share {len(set(ids[:shared[0]]))} GPU(s) "
+                         f"(--places cuda:{','.join(map(str, ids))}); leave it out or "
+                         "give each place its own GPU")
+    return list(ids)
+
+
 def plan(args, s):
     """``(worker configs, device, place counts)`` for parsed ``args`` and settings ``s``."""
     import torch
@@ -179,9 +206,6 @@ def plan(args, s):
     device = "cuda" if places[0].is_cuda else "cpu"
     if s.get("cuda_graph") and device != "cuda":
         raise SystemExit("--cuda-graph needs CUDA places: CUDA graphs replay GPU work only")
-    if device == "cuda" and any(p.device_index != i for i, p in enumerate(places)):
-        raise SystemExit("the benchmark uses CUDA devices 0..N-1; restrict them with "
-                         "CUDA_VISIBLE_DEVICES instead of --places cuda:<ids>")
     n = len(places)
     counts = (sorted({int(c) for c in args.place_counts.split(",")}) if args.place_counts
               else list(range(1, n + 1)))
@@ -189,6 +213,8 @@ def plan(args, s):
         raise SystemExit(f"--place-counts must lie in 1..{n}")
     modes = [m.strip() for m in (args.modes or s.get("modes") or ",".join(DEFAULT_MODES))
              .split(",") if m.strip()]
+    devices = (cuda_devices([p.device_index for p in places], counts, modes)
+               if device == "cuda" else None)
     if args.from_torch and "ssaexec-from-torch" not in modes:
         modes.append("ssaexec-from-torch")
     if args.nproc and not set(NPROC_MODES) & set(modes):
@@ -202,13 +228,16 @@ def plan(args, s):
         except ImportError as e:
             raise SystemExit(f"--from-torch needs ssaexec.frontends.torch.from_torch, which "
                              f"could not be imported ({e})") from None
-    if device == "cuda" and torch.cuda.device_count() < counts[-1]:
-        raise SystemExit(f"{counts[-1]} places need {counts[-1]} GPUs")
+    gpus = len(set(devices[:counts[-1]])) if devices else 0
+    if device == "cuda" and torch.cuda.device_count() < gpus:
+        raise SystemExit(f"{counts[-1]} places need {gpus} GPUs")
     configs = []
     for mode in modes:
         for p in ([1] if mode in ("seq", "torch-eager", "torch-compile") else counts):
             cfg = {"mode": mode, "places": p, "device": device, "settings": s,
                    "warmup": s["warmup"], "steps": s["steps"]}
+            if devices is not None and devices != list(range(len(devices))):
+                cfg["cuda_devices"] = devices[:p]  # several places share a GPU
             if mode in NPROC_MODES:
                 nproc = args.nproc or 2
                 if p % nproc:

@@ -139,8 +139,7 @@ class ParallelTrainer(Trainer):
         s = cfg["settings"]
         self.device = cfg["device"]
         n = cfg["places"]
-        self.places = places or (se.cuda_places()[:n] if self.device == "cuda"
-                                 else se.cpu_places(n))
+        self.places = places or self.places_of(cfg)
         x, y = place_samples(s, n, first_place, len(self.places))
         main, startup, self.loss, names = self.program(s, x, y)
         strategy = se.ExecutionStrategy(amp=s.get("amp"), cuda_graph=bool(s.get("cuda_graph")),
@@ -148,6 +147,17 @@ class ParallelTrainer(Trainer):
         self.pe = se.ParallelExecutor(self.places, main, startup, self.loss,
                                       exec_strategy=strategy, scope=se.Scope())
         self.feed = {names[0]: x, names[1]: y}
+
+    @staticmethod
+    def places_of(cfg):
+        """The config's places: on the GPUs of ``cuda_devices`` where it names them (several
+        places may share one, ``--places cuda:0,0``), else the first ``places`` GPUs or
+        CPU places."""
+        import ssaexec as se
+        n = cfg["places"]
+        if cfg.get("cuda_devices"):
+            return [se.CUDAPlace(i, d) for i, d in enumerate(cfg["cuda_devices"][:n])]
+        return se.cuda_places()[:n] if cfg["device"] == "cuda" else se.cpu_places(n)
 
     def program(self, s, x, y):
         """``(main, startup, loss, feed names)`` to train."""
