@@ -44,3 +44,34 @@ def test_a_place_sharing_config_makes_its_places_on_the_shared_gpu():
     assert [(p.index, p.device_index) for p in one] == [(0, 0)]
     assert [str(p) for p in ParallelTrainer.places_of({"places": 2, "device": "cpu"})] == [
         str(p) for p in __import__("ssaexec").cpu_places(2)]
+
+
+def _gpu_check():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_for_places", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _arg(cmd, flag):
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_gpu_checks_benchmark_parts_pass_arguments_the_benchmark_accepts(tmp_path):
+    gc = _gpu_check()
+    from ssaexec.runtime.cuda_graph import StepGraphs
+    import inspect
+    graph_warmup = inspect.signature(StepGraphs).parameters["warmup"].default
+    for quick in (False, True):
+        benches = {p.name: p for p in gc.parts(tmp_path, quick) if p.kind == "bench"}
+        two = benches["two-places-one-gpu"].argv
+        ids = [int(i) for i in _arg(two, "--places").split(":")[1].split(",")]
+        counts = [int(c) for c in _arg(two, "--place-counts").split(",")]
+        assert cli.cuda_devices(ids, counts, _arg(two, "--modes").split(",")) == [0, 0]
+        graph = benches["resnet50-cuda-graph"].argv
+        if "--warmup" in graph:
+            # the capture step (after the step graphs' own warm-up) is not timed
+            assert int(_arg(graph, "--warmup")) > graph_warmup, quick
