@@ -1,4 +1,4 @@
-"""Joining a multi-process run: the cross-process collective and the processes' agreement.
+"""One process of a multi-process run: joining it, and leaving it when a step fails.
 
 A ``ParallelExecutor`` is one process of a multi-process run when a ``torch.distributed``
 group of more than one process exists (``se.distributed.init()`` under torchrun), when
@@ -7,14 +7,19 @@ one too); ``distributed=False`` keeps it local. Before the first step every proc
 checks that it built the same program, strategy and place count, then takes rank 0's
 persistables: a mismatch found later would crash or hang the backend in a collective.
 
+If a step fails on this rank, the others wait in a collective it will never issue, so
+the group is aborted (they raise ``DistributedError`` at once) and the executor refuses
+further runs (``GroupSteps``); a failure every rank raised before any collective (the
+debug check's, ``group_intact``) leaves the group as it is.
+
 Invariant: the caller's ``BuildStrategy`` object is never written; when the group fills
 ``num_trainers``/``trainer_id`` it is a copy.
 """
 
-from . import distributed as _distributed
+from . import distributed as _distributed, faults
 from .errors import DistributedError
 
-__all__ = ["process_group_collective", "agree_and_broadcast"]
+__all__ = ["process_group_collective", "agree_and_broadcast", "GroupSteps"]
 
 
 def process_group_collective(build_strategy, distributed):
@@ -84,3 +89,37 @@ def agree_and_broadcast(coll, build_strategy, places, program, scope):
                hint="Every process must build the same program with the same "
                     "BuildStrategy and as many places.")
     coll.broadcast_from(tensors, src=0, label="broadcast of the persistables from rank 0")
+
+
+class GroupSteps:
+    """The steps of one process of a multi-process run: a failed one aborts the group.
+
+    Attributes
+    ----------
+    failed : str or None
+        The first line of the error that stopped an earlier step, once one did.
+    """
+
+    def __init__(self):
+        self.failed = None
+
+    def check(self):
+        """``DistributedError`` once a step failed: the group is gone."""
+        if self.failed is not None:
+            raise DistributedError(f"an earlier step of this multi-process run failed "
+                                   f"({self.failed}); the process group was shut down: "
+                                   "restart every process")
+
+    def run(self, runner, sync, step):
+        """Run ``runner`` as step number ``step`` (1-based) of the run."""
+        faults.arm(step)  # SSAEXEC_FAULT's kill@step: this step's first collective
+        try:
+            return runner.run(sync)
+        except BaseException as e:
+            if getattr(e, "group_intact", False):
+                raise  # the debug check: every rank raised it, before any collective
+            # this rank stopped mid-step: the others wait in a collective it will never
+            # issue, so drop the group's connections and let them fail now
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            _distributed.abort(f"rank {_distributed.rank()}: {self.failed}")
+            raise

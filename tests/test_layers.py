@@ -52,6 +52,7 @@ PLACEMENT = {
     "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
     "ssaexec.sampler": "executors", "ssaexec.rendezvous_store": "executors", "ssaexec.resume": "executors", "ssaexec.elastic": "executors",
     "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",
+    "ssaexec.execution": "executors",
     "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
     "ssaexec.trace": "tools", "ssaexec.sim": "tools",
     "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",

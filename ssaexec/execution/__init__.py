@@ -1,0 +1,22 @@
+"""The executors' parts: each piece of what ``ParallelExecutor`` does, one module each.
+
+``ParallelExecutor`` (``ssaexec.parallel_executor``) is a facade: its public surface
+(set-up, variables, running, observing) stays in one class, and each decision it makes
+lives here, testable without an executor:
+
+* ``runner_cache``: which runner runs a step (per fetch list, phase, path, compiler),
+  built once, and the strategy its graph is built with;
+* ``initial_state``: the state every place starts from (defaults of executor-added
+  state, the broadcast of the persistables, ZeRO's owned optimizer state);
+* ``zero_owners``: which place keeps which optimizer state under ZeRO;
+* ``learning_rate``: the program's learning-rate var, and whether it may be set by hand;
+* ``shared_vars``: ``share_vars_from``'s scopes and the clean-up after each step;
+* ``cuda_graphs``: the executor's glue to ``runtime.cuda_graph`` (one ``StepGraphs``
+  per runner);
+* ``fetch_merge``: how per-place fetched values become one;
+* ``torch_threads``: torch's intra-op thread count while CPU places run.
+
+Layering: these parts import the ground layer, ``program``, ``graph`` and ``runtime``,
+never an executor (``tests/test_execution_parts.py`` checks it). A later step moves
+``executor.py`` and ``parallel_executor.py`` into this package too.
+"""
