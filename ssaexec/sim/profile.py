@@ -24,6 +24,11 @@ Three sources, one class:
   running anything: matrix products and convolutions at a share of the device's
   peak FLOP/s, everything else at a share of its memory bandwidth, never below
   ``Device.kernel_min``. For devices this machine does not have.
+
+Keys are chosen by the handle's class, never by its kind's label: ``op_key`` is a
+``functools.singledispatch`` on the handle class, and a trace slice, which names its
+handle's class only by the label (its category), is read back to the class once
+(``_medians``), whose entry in ``_SLICE_KEYS`` gives the same key ``op_key`` gives.
 """
 
 import functools
@@ -52,6 +57,11 @@ def _fetch_key(var_name):
     return f"fetch|{var_name}"
 
 
+def _kind_key(cls):
+    # a kind whose handles all cost the same has one entry, named by the kind's label
+    return cls.kind
+
+
 @functools.singledispatch
 def op_key(handle):
     """The profile key of op handle ``handle``, chosen by its class.
@@ -76,8 +86,7 @@ def _(handle: FetchOpHandle):
 @op_key.register(CollectiveOpHandle)
 @op_key.register(AllReduceWaitOpHandle)
 def _(handle):
-    # every handle of the kind costs the same; the label is only the entry's name
-    return handle.kind
+    return _kind_key(type(handle))
 
 
 # How a trace slice of each class gives its profile key (``_medians``): (the lane it is
@@ -86,7 +95,7 @@ def _(handle):
 _SLICE_KEYS = {
     ComputationOpHandle: (1, lambda args: _compute_key(
         args.get("op_type"), [_VERSION.sub("", o) for o in args.get("outputs", [])])),
-    ScaleLossGradOpHandle: (1, lambda args: ScaleLossGradOpHandle.kind),
+    ScaleLossGradOpHandle: (1, lambda args: _kind_key(ScaleLossGradOpHandle)),
     FetchOpHandle: (None, lambda args: _fetch_key(args.get("var"))),
 }
 
@@ -366,7 +375,7 @@ class Profile:
             else:
                 t = moved / (device.mem_bw * eff[c])
             costs[key] = OpCost(max(t, device.kernel_min) if moved or flops else 0.0)
-        costs["scale_loss_grad"] = OpCost(device.kernel_min)
+        costs[_kind_key(ScaleLossGradOpHandle)] = OpCost(device.kernel_min)
         return cls(costs, batch, "gpu",
                    source=f"roofline estimate for {device.name}, {precision} "
                           f"({peak / 1e12:.0f} TFLOP/s, {device.mem_bw / 1e12:.2f} TB/s): "
