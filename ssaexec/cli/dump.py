@@ -6,12 +6,18 @@ edges. The text form is for reading; the JSON form (``dump_json``) is for
 scripts: the same fields for every handle plus what its kind adds
 (``OpHandle.details()``: op type and role, collective vars and order, loss-grad
 coefficient, fetched var); DOT is the picture ``viz`` draws, as source.
+
+``--passes`` shows the graph after each graph-building pass (``graph.passes``) in
+the same forms: text and JSON one section per pass, DOT to a file one file per
+pass, named as ``BuildStrategy(debug_graphviz_path=...)`` names them. Only the
+final graph is linted: before ``insert_collectives`` a gradient is not reduced yet.
 """
 
-from .common import (DEFAULT_STATIC_PLACES, EXIT_OK, graph_of, graph_options, select_options,
-                     selected, write_output)
+from .common import (DEFAULT_STATIC_PLACES, EXIT_OK, UsageError, build_strategy, fetch_list,
+                     graph_of, graph_options, load_program_file, places_from, select_options,
+                     selected, split_names, write_output)
 
-__all__ = ["format_dump", "dump_json", "register"]
+__all__ = ["format_dump", "dump_json", "register", "pass_selection"]
 
 EPILOG = """\
 Prints every op handle: its id, kind, name, place(s), the var handles it reads
@@ -25,6 +31,9 @@ examples:
   ssaexec dump examples/seed_mlp.json --places cuda:0,1 --reduce-strategy reduce
   ssaexec dump examples/small_resnet.json --collapse --block backward,comm
   ssaexec dump examples/uci_housing.ssa --format json -o graph.json
+  ssaexec dump examples/seed_mlp.json --passes                  # the graph after each pass
+  ssaexec dump examples/seed_mlp.json --passes insert_collectives,fuse_buckets
+  ssaexec dump examples/seed_mlp.json --passes -f dot -o g.dot  # g.dot.01_replicate.dot ...
 """
 
 
@@ -37,8 +46,29 @@ def register(add):
                    help="output form (default: %(default)s)")
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="write here instead of stdout")
+    p.add_argument("--passes", nargs="?", const="all", default=None, metavar="NAMES",
+                   help="show the graph after each graph-building pass, or after the passes "
+                        "NAMES (comma-separated) only: " + ", ".join(_pass_names()))
     select_options(p)
     p.set_defaults(func=cmd_dump)
+
+
+def _pass_names():
+    from ..graph.passes import PASS_NAMES
+    return PASS_NAMES
+
+
+def pass_selection(text):
+    """The pass names ``--passes`` picks (``all``: every one), in pipeline order."""
+    names = _pass_names()
+    if text == "all":
+        return list(names)
+    wanted = split_names(text)
+    unknown = [n for n in wanted if n not in names]
+    if unknown or not wanted:
+        what = f"unknown pass {unknown[0]!r}" if unknown else "no pass named"
+        raise UsageError(f"--passes: {what}; the passes are {', '.join(names)} (or 'all')")
+    return [n for n in names if n in wanted]
 
 
 def _places_of(op):
@@ -117,16 +147,49 @@ def dump_json(graph, ops=None, source=None):
             "fetches": [op.id for op in graph.fetches], "ops": out}
 
 
-def cmd_dump(args):
-    graph = graph_of(args)
+def _render(args, graph):
     ops = selected(args, graph)
     if args.format == "text":
-        text = format_dump(graph, ops, args.program)
-    elif args.format == "json":
-        import json
-        text = json.dumps(dump_json(graph, ops, args.program), indent=1) + "\n"
+        return format_dump(graph, ops, args.program)
+    if args.format == "json":
+        return dump_json(graph, ops, args.program)
+    from ..graph.draw import dot_source
+    return dot_source(graph, ops, collapse=args.collapse)
+
+
+def _json_text(doc):
+    import json
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def cmd_dump(args):
+    if args.passes is not None:
+        return _dump_passes(args)
+    out = _render(args, graph_of(args))
+    write_output(args.output, _json_text(out) if args.format == "json" else out)
+    return EXIT_OK
+
+
+def _dump_passes(args):
+    from ..graph.build import graph_after_each_pass, pass_dump_path
+    wanted = pass_selection(args.passes)  # a bad name fails before the program is read
+    program = load_program_file(args.program)
+    graphs = graph_after_each_pass(program, places_from(args.places, need_devices=False),
+                                   build_strategy(args), fetch_list(args, program))
+    graphs[-1][1].lint()
+    shown = [(k, p, g) for k, (p, g) in enumerate(graphs, 1) if p.name in wanted]
+    total = len(graphs)
+    if args.format == "json":
+        doc = {"program": str(args.program), "passes": [
+            {"index": k, "name": p.name, "doc": p.doc, "graph": _render(args, g)}
+            for k, p, g in shown]}
+        write_output(args.output, _json_text(doc))
+    elif args.format == "dot" and args.output not in (None, "-"):
+        for k, p, g in shown:  # a DOT file draws one graph
+            write_output(pass_dump_path(args.output, k, p.name), _render(args, g))
     else:
-        from ..graph.draw import dot_source
-        text = dot_source(graph, ops, collapse=args.collapse)
-    write_output(args.output, text)
+        mark = "//" if args.format == "dot" else "##"
+        write_output(args.output, "\n".join(
+            f"{mark} pass {k}/{total} {p.name}: {p.doc}\n" + _render(args, g)
+            for k, p, g in shown))
     return EXIT_OK

@@ -195,11 +195,16 @@ def materialize(bg):
     handle = {}
 
     def resolve(a):
-        return handle[a] if isinstance(a, Node) else a
+        if not isinstance(a, Node):
+            return a
+        if a not in handle:  # a pass dropped or moved a node another one refers to
+            raise GraphError(f"graph pass order: {a.cls.__name__} {a.args[:1]} is used "
+                             "before it is made")
+        return handle[a]
 
     for it in bg.items:
         if isinstance(it, Edge):
-            g.depend(handle[it.before], handle[it.after], it.reason)
+            g.depend(resolve(it.before), resolve(it.after), it.reason)
             continue
         h = handle[it] = g.add_op(it.cls(*map(resolve, it.args)))
         if isinstance(h, AllReduceWaitOpHandle):
@@ -210,7 +215,7 @@ def materialize(bg):
             elif step == "write":
                 g.write(h, a, b)
             else:
-                g.depend(handle[a], h, b)
+                g.depend(resolve(a), h, b)
         if isinstance(h, FetchOpHandle):
             g.fetches.append(h)
     g.collectives = [handle[c] for c in bg.collectives]
@@ -468,23 +473,33 @@ def fetch(bg):
 
 @dataclass(frozen=True)
 class Pass:
-    """A named graph-building pass: ``fn(BuildGraph) -> BuildGraph``."""
+    """A named graph-building pass: ``fn(BuildGraph) -> BuildGraph``, and what it does."""
 
     name: str
     fn: object
-
-    @property
-    def doc(self):
-        """The first line of the pass's docstring (what ``ssaexec dump --passes`` shows)."""
-        return (self.fn.__doc__ or "").strip().split("\n")[0]
+    doc: str
 
     def __call__(self, bg):
         return self.fn(bg)
 
 
-PASSES = tuple(Pass(f.__name__, f) for f in (
-    replicate, gradient_scale, sparse_gradients, zero_owners, insert_collectives,
-    fuse_buckets, async_wait, sequential, collective_order, fetch))
+PASSES = (
+    Pass("replicate", replicate, "one compute node per op and place"),
+    Pass("gradient_scale", gradient_scale,
+         "the loss op becomes the loss-gradient seed per place (or goes: customized)"),
+    Pass("sparse_gradients", sparse_gradients,
+         "mark sparse gradient producers, or make them dense (sparse_gradients=False)"),
+    Pass("zero_owners", zero_owners,
+         "reduce strategy and ZeRO: owner places; optimizer ops on their owner only"),
+    Pass("insert_collectives", insert_collectives,
+         "after each gradient's producer its all-reduce (or reduce); parameter broadcasts"),
+    Pass("fuse_buckets", fuse_buckets, "dense all-reduces become one per gradient bucket"),
+    Pass("async_wait", async_wait, "several processes: a wait node after each all-reduce"),
+    Pass("sequential", sequential, "enable_sequential_execution: program order per place"),
+    Pass("collective_order", collective_order,
+         "chain the collectives in program order (their seq)"),
+    Pass("fetch", fetch, "one fetch node per fetched var"),
+)
 PASS_NAMES = tuple(p.name for p in PASSES)
 
 
