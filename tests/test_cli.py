@@ -241,6 +241,45 @@ def test_dump_formats_and_options(cli, tmp_path):
     assert len(shown) == 1 and "conv2d#0@cpu:0" in shown[0]
 
 
+def test_dump_passes_shows_the_graph_after_each_pass(cli, tmp_path):
+    from ssaexec.graph.passes import PASS_NAMES
+    g = graph_of("seed_mlp.json")
+    res = cli(["dump", example("seed_mlp.json"), "--places", PLACES, "--passes"])
+    assert res.status == 0, res
+    heads = re.findall(r"^## pass (\d+)/(\d+) (\w+): ", res.out, re.M)
+    assert [(int(k), name) for k, _, name in heads] == list(enumerate(PASS_NAMES, 1))
+    sections = re.split(r"^## pass .*\n", res.out, flags=re.M)[1:]
+    first, last = sections[0], sections[-1]
+    assert "all_reduce(" not in first and "fetch(" not in first  # replicate: compute only
+    plain = cli(["dump", example("seed_mlp.json"), "--places", PLACES])
+    assert last == plain.out  # the last pass's graph is the graph
+    # only some passes, in pipeline order; JSON: one graph per pass
+    res = cli(["dump", example("seed_mlp.json"), "--places", PLACES, "-f", "json",
+               "--passes", "fetch,insert_collectives"])
+    assert res.status == 0, res
+    doc = json.loads(res.out)
+    assert [(p["index"], p["name"]) for p in doc["passes"]] == \
+        [(5, "insert_collectives"), (10, "fetch")]
+    assert [o["name"] for o in doc["passes"][-1]["graph"]["ops"]] == [op.name for op in g.ops]
+    assert doc["passes"][0]["graph"]["num_ops"] == len(g.ops) - len(g.fetches)
+    # DOT to a file: one file per pass, named as debug_graphviz_path names them
+    res = cli(["dump", example("seed_mlp.json"), "--places", PLACES, "-f", "dot",
+               "--passes", "-o", tmp_path / "g.dot"])
+    assert res.status == 0 and res.out == "", res
+    files = sorted(p.name for p in tmp_path.glob("g.dot.*.dot"))
+    assert files == [f"g.dot.{k:02d}_{n}.dot" for k, n in enumerate(PASS_NAMES, 1)]
+    assert (tmp_path / "g.dot.10_fetch.dot").read_text().startswith("digraph")
+
+
+@pytest.mark.parametrize("value,needle", [("bogus", "unknown pass 'bogus'"),
+                                          ("replicate,nope", "unknown pass 'nope'"),
+                                          (",", "no pass named")])
+def test_dump_passes_refuses_unknown_pass_names(cli, value, needle):
+    res = cli(["dump", example("seed_mlp.json"), "--places", PLACES, "--passes", value])
+    assert_clean_error(res, needle, "replicate, gradient_scale")
+    assert res.out == ""
+
+
 # --- viz ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", EXAMPLES)
