@@ -31,7 +31,9 @@ class BuildStrategy:
         The seed of ``loss@GRAD``: 1/number of ranks (mean over the global batch),
         1 (sum), or fed by the user.
     debug_graphviz_path : str, optional
-        Write the built graph's DOT text here.
+        Write the built graph's DOT text here, and the graph after each building pass
+        (``graph.passes``) to ``PATH.<nn>_<pass>.dot`` (``ssaexec dump --passes``
+        shows the same).
     enable_sequential_execution : bool
         Force program order on every place (debugging).
     fuse_all_reduce_ops : bool or None
