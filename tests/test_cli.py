@@ -271,12 +271,18 @@ def test_dump_passes_shows_the_graph_after_each_pass(cli, tmp_path):
     assert (tmp_path / "g.dot.10_fetch.dot").read_text().startswith("digraph")
 
 
-@pytest.mark.parametrize("value,needle", [("bogus", "unknown pass 'bogus'"),
-                                          ("replicate,nope", "unknown pass 'nope'"),
-                                          (",", "no pass named")])
-def test_dump_passes_refuses_unknown_pass_names(cli, value, needle):
-    res = cli(["dump", example("seed_mlp.json"), "--places", PLACES, "--passes", value])
-    assert_clean_error(res, needle, "replicate, gradient_scale")
+@pytest.mark.parametrize("argv,needle", [
+    (["--passes", "bogus"], "unknown pass 'bogus'"),
+    (["--passes", "replicate,nope"], "unknown pass 'nope'"),
+    (["--passes", ","], "no pass named"),
+    (["--passes", "seed_mlp.json"], "unknown pass 'seed_mlp.json'")])  # the program as NAMES
+def test_dump_passes_refuses_unknown_pass_names(cli, argv, needle):
+    program = [] if argv[-1] == "seed_mlp.json" else [example("seed_mlp.json")]
+    res = cli(["dump", *program, "--places", PLACES, *argv])
+    assert res.status == 2 and "Traceback" not in res.err, res
+    last = [ln for ln in res.err.splitlines() if ln.strip()][-1]
+    assert last.startswith("ssaexec dump: error: argument --passes: "), res
+    assert needle in last and "the passes are replicate, gradient_scale" in last, res
     assert res.out == ""
 
 

@@ -46,7 +46,10 @@ def register(add):
                    help="output form (default: %(default)s)")
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="write here instead of stdout")
+    # checked while parsing: ``dump --passes prog.json`` (the program taken as NAMES) then
+    # says "unknown pass 'prog.json'" rather than that PROGRAM is missing
     p.add_argument("--passes", nargs="?", const="all", default=None, metavar="NAMES",
+                   type=_passes_arg,
                    help="show the graph after each graph-building pass, or after the passes "
                         "NAMES (comma-separated) only: " + ", ".join(_pass_names()))
     select_options(p)
@@ -56,6 +59,14 @@ def register(add):
 def _pass_names():
     from ..graph.passes import PASS_NAMES
     return PASS_NAMES
+
+
+def _passes_arg(text):
+    import argparse
+    try:
+        return pass_selection(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--passes: ")) from None
 
 
 def pass_selection(text):
@@ -172,7 +183,7 @@ def cmd_dump(args):
 
 def _dump_passes(args):
     from ..graph.build import graph_after_each_pass, pass_dump_path
-    wanted = pass_selection(args.passes)  # a bad name fails before the program is read
+    wanted = args.passes  # the names, checked by the parser (``pass_selection``)
     program = load_program_file(args.program)
     graphs = graph_after_each_pass(program, places_from(args.places, need_devices=False),
                                    build_strategy(args), fetch_list(args, program))
