@@ -20,8 +20,13 @@ rewrite its inputs' storage), ``on_one_place`` (it has ``place``/``place_idx``),
 ``op_type``, ``section()`` (part of the training step), ``details()`` (kind-specific
 fields for dumps and traces) and, for collectives, ``traffic_factor``/``traffic_formula``
 (bytes moved per place) and ``apply`` (which call of the collective interface it makes).
-How a handle runs stays in the runtime, dispatched on the class
-(``functools.singledispatch``). Adding a kind is one class;
+How a handle runs stays in the runtime (``runtime.handle_calls.handle_fn``,
+``runtime.codegen.emit_handle``) and how the simulator replays, prices and profiles it
+in ``sim`` (``sim.engine.replay_handle``, ``sim.comm.cost_model``,
+``sim.profile.op_key``), each dispatched on the class (``functools.singledispatch``).
+``kind`` is a label, data only: dumps, traces, stats, pictures and the explorer show
+it, and nothing dispatches on it (``tests/test_kind_dispatch.py``). Adding a kind is
+one class (and, for a collective, its cost model class in ``sim.comm``);
 ``HANDLE_KINDS`` (``graph.kinds``) maps each kind label to its class, in the order the
 classes are defined here.
 
