@@ -127,17 +127,17 @@ OTHER_CONCEPTS = {
     "reduce_strategy": "a BuildStrategy setting (all_reduce, reduce)",
 }
 
-# Every use the scan finds that is not dispatch: source text -> where and why.
+# Every use the scan finds that is not dispatch: source text (whitespace collapsed) ->
+# where and why.
 NOT_DISPATCH = {
     # a handle kind's label, used as data
-    'by_kind.setdefault(op.kind, {"count": 0, "payload_bytes": 0, "bytes_per_place": 0.0,\n'
-    '                                          "formula": op.traffic_formula})':
+    'by_kind.setdefault(op.kind, {"count": 0, "payload_bytes": 0, "bytes_per_place": 0.0, '
+    '"formula": op.traffic_formula})':
         "graph/analysis.py: collective stats grouped by label for display (ssaexec stats)",
     "by_kind[op.kind]": "graph/analysis.py: op counts by label for display",
     "by_kind.get(op.kind, 0)": "graph/analysis.py: op counts by label for display",
-    'kinds_used.setdefault(op.kind, {"kind": op.kind, "legend": cls.legend or op.kind,\n'
-    '                                        "color": cls.color, "stream": cls.stream, '
-    '"count": 0})':
+    'kinds_used.setdefault(op.kind, {"kind": op.kind, "legend": cls.legend or op.kind, '
+    '"color": cls.color, "stream": cls.stream, "count": 0})':
         "graph/explorer.py: the explorer JSON's legend, one entry per label (display)",
     "kinds_used[op.kind]": "graph/explorer.py: counts in that legend (display)",
     "HANDLE_KINDS[cls.kind]": "graph/handles.py: __init_subclass__ fills the label table",
@@ -185,7 +185,7 @@ def _labels(node, labels):
 
 
 def kind_uses(source, labels):
-    """``(line, text)`` of each place in ``source`` that compares, matches or looks up
+    """``(line, text with whitespace collapsed)`` of each place in ``source`` that compares, matches or looks up
     by a kind or a kind label, or looks up a label table (see the module docstring)."""
     hits = []
     for node in ast.walk(ast.parse(source)):
@@ -208,7 +208,7 @@ def kind_uses(source, labels):
             elif node.func.attr == "ops_of_kind":
                 found = any(_labels(a, labels) for a in node.args)
         if found:
-            hits.append((node.lineno, ast.get_source_segment(source, node)))
+            hits.append((node.lineno, " ".join(ast.get_source_segment(source, node).split())))
     return hits
 
 
