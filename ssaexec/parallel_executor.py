@@ -77,7 +77,8 @@ from .executor import Executor, fetch_names
 from .feed import bind_feeds, forget_feeds, place_feeds
 from .observe import instrumented
 from .place import cpu_places, cuda_places
-from .process_group_setup import GroupSteps, agree_and_broadcast, process_group_collective
+from .process_group_setup import GroupSteps, agree_and_broadcast, executor_collective, \
+    process_group_collective
 from .program.desc import Program
 from .runtime.boundary import SET_VAR, EntryCheck, check_value
 from .runtime.inductor import check_compiler
@@ -143,7 +144,6 @@ class ParallelExecutor:
             raise SSAExecError(f"loss_name {loss_name!r} is not a var of the main program")
         self.exec_strategy = exec_strategy or ExecutionStrategy()
         self.scope = scope if scope is not None else global_scope()
-        self._collective = None  # the local or cross-process collective, chosen below
         # the group fills num_trainers/trainer_id in a copy: the caller's object stays
         self.build_strategy, dist_collective = process_group_collective(
             build_strategy or BuildStrategy(), distributed)
@@ -151,13 +151,9 @@ class ParallelExecutor:
         check_compiler(self.exec_strategy.compiler, self.places)
         self._scheduler = Scheduler(self.exec_strategy.num_threads
                                     or default_threads(len(self.places)), name="ssaexec")
-        if dist_collective is None:
-            from .runtime.nccl import choose_local_collective
-            self._collective, _, self.collective_backend = choose_local_collective(self.places)
-        else:
-            self._collective = dist_collective
-            self.collective_backend = "collective backend: torch.distributed process group " \
-                f"({_distributed.info().backend})"
+        # the local or cross-process collective (tests may replace it before the first step)
+        self._collective, self.collective_backend = executor_collective(self.places,
+                                                                        dist_collective)
         self.distributed = dist_collective is not None
         self._group = GroupSteps()  # a failed multi-process step aborts the group
         self._programs = StepPrograms()

@@ -19,7 +19,8 @@ Invariant: the caller's ``BuildStrategy`` object is never written; when the grou
 from . import distributed as _distributed, faults
 from .errors import DistributedError
 
-__all__ = ["process_group_collective", "agree_and_broadcast", "GroupSteps"]
+__all__ = ["process_group_collective", "executor_collective", "agree_and_broadcast",
+           "GroupSteps"]
 
 
 def process_group_collective(build_strategy, distributed):
@@ -63,6 +64,17 @@ def process_group_collective(build_strategy, distributed):
                                "processes")
     from .runtime.dist_collective import ProcessGroupCollective
     return bs, ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
+
+
+def executor_collective(places, dist_collective):
+    """``(collective, backend line)`` of an executor over ``places``: the cross-process
+    ``dist_collective`` when there is one, else the local one ``runtime.nccl`` chooses."""
+    if dist_collective is None:
+        from .runtime.nccl import choose_local_collective
+        collective, _, backend = choose_local_collective(places)
+        return collective, backend
+    return dist_collective, ("collective backend: torch.distributed process group "
+                             f"({_distributed.info().backend})")
 
 
 def agree_and_broadcast(coll, build_strategy, places, program, scope):
