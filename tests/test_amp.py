@@ -44,7 +44,9 @@ def test_bf16_trains_within_2_percent_of_fp32_and_keeps_fp32_parameters(build, f
     main, startup, loss = build()
     ref, _ = _train(main, startup, loss, feed())
     got, pe = _train(main, startup, loss, feed(), amp="bf16")
-    assert abs(got[-1] - ref[-1]) / ref[-1] < 0.02
+    # 3%: batch norm runs on bf16 activations, as under autocast (it was fp32 before the
+    # first GPU run found the fp32 copies at 2.55x eager's memory: docs/gpu.md)
+    assert abs(got[-1] - ref[-1]) / ref[-1] < 0.03
     assert got[-1] < 0.5 * got[0]  # it learned
     assert got != ref  # it really ran another precision
     for p in main.all_parameters():
