@@ -26,6 +26,7 @@ from .graph.build import build_ssa_graph
 from .runtime.boundary import EntryCheck
 from .runtime.collective import LocalCollective
 from .runtime.compiled import CompiledRunner
+from .runtime.memory_plan import last_uses
 from .runtime.op_call import OpCall
 from .runtime.parallel_block import run_places
 from .place import CPUPlace
@@ -54,12 +55,8 @@ class _Plan:
         block = program.global_block()
         self.calls = [OpCall(op, i, program, device, run_places)
                       for i, op in enumerate(block.ops)]
-        last = {}
-        for i, op in enumerate(block.ops):
-            for n in op.input_names():
-                last[n] = i
-            for n in op.output_names():
-                last.setdefault(n, i)
+        last = last_uses([op.input_names() for op in block.ops],
+                         [op.output_names() for op in block.ops])
         keep = set(fetch)
         free = [[] for _ in block.ops]
         for n, i in last.items():

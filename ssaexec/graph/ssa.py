@@ -13,6 +13,8 @@ The handle classes live in ``graph.handles``; every public name of it stays impo
 from here (re-exported), as does ``HANDLE_KINDS`` (``graph.kinds``).
 """
 
+import heapq
+
 from ..errors import GraphError
 from .handles import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
                       CollectiveOpHandle, ComputationOpHandle, DummyVarHandle, FetchOpHandle,
@@ -22,7 +24,38 @@ from .kinds import HANDLE_KINDS  # kind label -> OpHandle subclass (filled by __
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
            "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle",
            "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle",
-           "SSAGraph", "HANDLE_KINDS"]
+           "SSAGraph", "HANDLE_KINDS", "topo_sort"]
+
+
+def topo_sort(succ, indeg, late=()):
+    """The one topological sort of the package: positions ``0..n-1`` of a DAG in an
+    order where every node comes after the nodes it waits for.
+
+    Among the ready nodes the lowest position goes first, those in ``late`` after
+    all others: program order wherever the edges allow (node ids are program order).
+    Returns fewer than ``n`` positions when the graph has a cycle; the caller names it.
+
+    Parameters
+    ----------
+    succ : sequence of iterable of int
+        ``succ[i]``: the nodes that wait for node ``i`` (each once).
+    indeg : sequence of int
+        ``indeg[i]``: how many nodes node ``i`` waits for (not changed).
+    late : container of int
+        Nodes put after every other ready node (the commit phase).
+    """
+    indeg = list(indeg)
+    ready = [(i in late, i) for i, d in enumerate(indeg) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, (j in late, j))
+    return order
 
 
 class SSAGraph:
@@ -115,27 +148,25 @@ class SSAGraph:
         cls = HANDLE_KINDS[kind] if isinstance(kind, str) else kind
         return [op for op in self.ops if isinstance(op, cls)]
 
-    def topological_order(self):
-        """Op handles in a dependency-respecting order (``GraphError`` on a cycle)."""
-        indeg = [len(op.producers()) for op in self.ops]
+    def topological_order(self, late=()):
+        """Op handles in a dependency-respecting order (``GraphError`` on a cycle):
+        program order wherever the edges allow, the handles of ``late`` (ids) after
+        all others (``topo_sort``)."""
         succ = [[] for _ in self.ops]
+        indeg = []
         for op in self.ops:
-            for p in op.producers():
+            ps = op.producers()
+            indeg.append(len(ps))
+            for p in ps:
                 succ[p.id].append(op.id)
-        ready = [i for i, d in enumerate(indeg) if d == 0]
-        order = []
-        while ready:
-            i = ready.pop()
-            order.append(self.ops[i])
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    ready.append(j)
+        order = topo_sort(succ, indeg, late)
         if len(order) != len(self.ops):
-            stuck = [self.ops[i] for i, d in enumerate(indeg) if d > 0]
+            done = set(order)
+            stuck = [op for op in self.ops if op.id not in done]
             raise GraphError(f"the SSA graph has a cycle through {stuck[0].name} "
                              f"(and {len(stuck) - 1} more ops)")
-        return order
+        ops = self.ops
+        return [ops[i] for i in order]
 
     def lint(self):
         """Check the invariants; raise ``GraphError`` naming the offending handle.

@@ -49,6 +49,7 @@ from ..dtypes import torch_dtype
 from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
 from ..program.desc import EMPTY_VAR
 from .fusion import plan_fusion
+from .memory_plan import last_uses
 from .op_call import OpCall
 from .rng import needs_step_seed, op_seed, seeded
 
@@ -313,11 +314,7 @@ def lower_segment(handles, place, scope_of, plan, counter, program, label):
     em.ns["_op_seed"] = op_seed
     em.place_idx = plan.place_idx
     # last local use of every version, to drop it early
-    last_use = {}
-    for k, h in enumerate(handles):
-        for v in h.inputs:
-            if not v.is_dummy:
-                last_use[id(v)] = k
+    last_use = last_uses([[id(v) for v in h.inputs if not v.is_dummy] for h in handles])
     fused_at, fused_skip = plan_fusion(handles)
     n_ops = 0
     for k, h in enumerate(handles):

@@ -5,7 +5,8 @@ A ``Runner`` (``runtime.runner``) whose lowering is ``SegmentLowering``.
 The readable ``GraphRunner`` schedules every op handle on its own: a queue
 hand-off, a lock and a closure per op, ~25 µs of host time where the kernel
 takes a few. A graph executor knows the whole step ahead, so this runner
-spends that knowledge once, when the graph is built:
+spends that knowledge once, when the graph is built. Steps 1 and 2 are the
+runner's step plan (``runtime.plan``, which ``ssaexec stats`` reports too):
 
 1. ``graph.aliasing`` decides which results need a copy and adds the edges that
    keep in-place writers (optimizers, collectives) after every reader of an
@@ -31,15 +32,14 @@ path's, decided by the SSA handle behind each node (``Node.stream_handle``): a
 collective or fetch node enters the streams its handle would.
 """
 
-from ..graph.aliasing import plan_aliasing
 from ..graph.ssa import ComputationOpHandle
 from .codegen import CloneCounter, lower_segment
-from .memory_plan import segment_memory_plan
 from .node_graph import Segment, node_handle, partition
+from .plan import build_plan
 from .runner import Runner
 
 __all__ = ["CompiledRunner", "Segment", "SegmentLowering", "compile_summary", "node_handle",
-           "partition"]
+           "partition", "summary_plan"]
 
 
 class _SegmentPlan:
@@ -61,7 +61,8 @@ class SegmentLowering:
     it always did. ``atomic``: cut the commit phase into segments of its own even for
     one place in one process (``runtime.inductor``: a compiled segment's kernels may
     update state in any order, so what can fail must not share a segment with it). ``clones`` counts the copies made for aliasing in the last run;
-    ``alias`` is the graph's ``AliasPlan``.
+    ``alias`` is the graph's ``AliasPlan`` and ``keep`` the names left in the scope,
+    both the runner's step plan's (``runtime.plan``).
     """
 
     __slots__ = ("keep_fetched", "keep", "alias", "counter", "calls", "atomic")
@@ -78,18 +79,12 @@ class SegmentLowering:
     def clones(self):
         return self.counter.count
 
-    def partition(self, graph, collective, commit):
-        if self.keep_fetched:
-            self.keep = {h.var_name for h in graph.fetches}
-        self.alias = plan_aliasing(graph, self.keep)
-        noop = len(graph.places) == 1 and getattr(collective, "local_only", False)
-        # several places: a step commits its updates on every place or on none
-        return partition(graph, True, noop, atomic=self.atomic or not noop, plan=commit)
-
     def prepare(self, runner):
         self.calls = runner.calls
         graph, scopes = runner.graph, runner.scopes
-        memory, export = segment_memory_plan(runner.node_graph, self.keep)
+        plan = runner.step_plan
+        self.keep, self.alias = plan.keep, plan.alias
+        memory, export = plan.memory_plan()
         needed = {id(v) for names in graph.vars for vs in names.values() for v in vs
                   if v.pending_ops}
         for seg in runner.node_graph.segments:
@@ -133,17 +128,24 @@ def CompiledRunner(graph, scopes, collective, scheduler, contexts=None,  # noqa:
                   contexts, sync, run_places)
 
 
-def compile_summary(graph, local_only=True):
-    """What the compiled path makes of ``graph`` (``ssaexec stats``), without running it.
+def summary_plan(graph, local_only=True, atomic=False):
+    """The step plan ``ssaexec stats`` reports: the one a compiled runner of ``graph``
+    builds with a local-only collective backend (``local_only``; else one spanning
+    processes), and with ``atomic`` the Inductor lowering's."""
+    return build_plan(graph, True, 1 if local_only else None, atomic)
 
-    Adds the alias edges to ``graph``. ``alias_copies`` counts the versions the
-    alias plan copies each step (an upper bound: a may-alias result that does not
-    share storage at run time is not copied).
+
+def compile_summary(graph, local_only=True):
+    """What the compiled path makes of ``graph`` (``ssaexec stats``), without running it:
+    the compiled runner's own step plan (``summary_plan``).
+
+    ``alias_copies`` counts the versions the alias plan copies each step (an upper
+    bound: a may-alias result that does not share storage at run time is not copied).
     """
     from ..ops.registry import get_op_def
-    alias = plan_aliasing(graph)
-    nodes = partition(graph, True, local_only and len(graph.places) == 1)
-    segments = nodes.segments
+    plan = summary_plan(graph, local_only)
+    alias, nodes = plan.alias, plan.nodes
+    segments = plan.segments
     views = sum(1 for h in graph.ops if isinstance(h, ComputationOpHandle)
                 and get_op_def(h.op.type).may_alias
                 for v in h.outputs if not v.is_dummy)

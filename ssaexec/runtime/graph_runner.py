@@ -1,12 +1,12 @@
 """``GraphRunner``: the readable path, a node per SSA handle.
 
 A ``Runner`` (``runtime.runner``) whose lowering, ``HandleLowering``, keeps the
-graph as it is: every op handle is a node of its own (``partition`` without
-segments, so node ``i`` is handle ``i``) and its body is the handle's own
+graph as it is: every op handle is a node of its own (the step plan without
+segments, ``runtime.plan``, so node ``i`` is handle ``i``) and its body is the handle's own
 function (``runtime.handle_calls``: a ``ComputationOpHandle`` becomes an
 ``OpCall`` bound to its place's scope; the collectives call the collective
 backend on the places' tensors). Every result lives in its place's scope, so
-the memory plan is ``handle_memory_plan``: the latest version of every
+the plan's memory plan is ``handle_memory_plan``: the latest version of every
 non-persistable var is erased as soon as its last reader has run, or right
 after it is written when nobody reads it.
 
@@ -17,8 +17,6 @@ and traced on its own.
 
 from ..errors import SSAExecError
 from .handle_calls import handle_fn
-from .memory_plan import handle_memory_plan
-from .node_graph import partition
 from .runner import Runner
 
 __all__ = ["GraphRunner", "HandleLowering", "handle_fn"]
@@ -29,18 +27,17 @@ class HandleLowering:
 
     __slots__ = ("calls",)
     compiled = False
+    atomic = True  # the readable path always flags its commit phase
+    keep_fetched = False
     rebindable = False  # computations bind their scope when they are made
     clones = 0
 
     def __init__(self):
         self.calls = None
 
-    def partition(self, graph, collective, commit):
-        return partition(graph, segments=False, atomic=True, plan=commit)
-
     def prepare(self, runner):
         self.calls = runner.calls
-        return handle_memory_plan(runner.graph)
+        return runner.step_plan.memory_plan()[0]
 
     def handle_body(self, handle):
         return self.calls.fn(handle)

@@ -104,7 +104,7 @@ from ..errors import OpError, SSAExecError
 from ..ops.guards import TRACED, GuardError
 from ..ops.optim import LR_AS_TENSOR
 from ..ops.registry import get_op_def
-from .compiled import SegmentLowering
+from .compiled import SegmentLowering, summary_plan
 from .rng import op_seed, register_call, seeded_call
 
 __all__ = ["FOREACH_UPDATES", "InductorLowering", "MAX_SIGNATURES", "check_compiler", "inductor_summary"]
@@ -150,6 +150,7 @@ class InductorLowering:
 
     __slots__ = ("base", "fallbacks", "compiles", "cpp_wrapped", "foreach", "notes")
     compiled = True
+    atomic = True  # a compiled segment may update state in any order: the commit phase apart
     rebindable = True
 
     def __init__(self, keep_fetched=False, notes=None):
@@ -168,8 +169,9 @@ class InductorLowering:
     def alias(self):
         return self.base.alias
 
-    def partition(self, graph, collective, commit):
-        return self.base.partition(graph, collective, commit)
+    @property
+    def keep_fetched(self):
+        return self.base.keep_fetched
 
     def prepare(self, runner):
         return self.base.prepare(runner)
@@ -200,10 +202,9 @@ def inductor_summary(graph, local_only=True):
     """What ``compiler="inductor"`` would compile of ``graph`` (``ssaexec stats``), without
     running it: the segments (the commit phase apart), and those refused before any
     trace, with the reason. Refusals found while tracing (a draw outside a seed, a
-    failed compile) show only when the step runs, each on one line."""
-    from .node_graph import partition
-    nodes = partition(graph, True, local_only and len(graph.places) == 1, atomic=True)
-    segs = nodes.segments
+    failed compile) show only when the step runs, each on one line. The segments are
+    the Inductor runner's own step plan (``compiled.summary_plan``)."""
+    segs = summary_plan(graph, local_only, atomic=True).segments
     refused = [(f"{s.place} segment {s.id} ({s.name})", why) for s in segs
                for why in [_refusal(s) or _left_to_foreach(s)] if why is not None]
     return {"name": "inductor", "segments": len(segs),

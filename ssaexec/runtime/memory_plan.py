@@ -7,7 +7,12 @@ after it has run (``unread``: values nobody reads). Counts are reset at the
 start of every step (``start``) and decremented under one lock, since nodes of
 several places finish on several threads.
 
-Two plans, one per partition (``runtime.node_graph``):
+This module is the package's one place where value lifetimes are decided.
+Straight-line code (a segment's generated body, ``runtime.codegen``; the
+sequential executor's readable path, ``executor``) drops a value after its
+last use in run order (``last_uses``). Scheduled nodes, which finish in any
+order, count readers instead, with two plans, one per partition
+(``runtime.plan`` chooses):
 
 * ``handle_memory_plan`` (the readable path, a node per handle): only the latest
   version of a name is ever erased: an earlier version's name is already bound
@@ -22,7 +27,33 @@ Two plans, one per partition (``runtime.node_graph``):
 
 import threading
 
-__all__ = ["MemoryPlan", "handle_memory_plan", "segment_memory_plan"]
+__all__ = ["MemoryPlan", "handle_memory_plan", "last_uses", "segment_memory_plan"]
+
+
+def last_uses(reads, writes=None):
+    """Position of the last use of every key in straight-line code.
+
+    Parameters
+    ----------
+    reads : sequence of iterable
+        ``reads[k]``: the keys step ``k`` reads.
+    writes : sequence of iterable, optional
+        ``writes[k]``: the keys step ``k`` writes; a key never read lives until
+        its first writer is done.
+
+    Returns
+    -------
+    dict
+        key -> the step after which it is dead.
+    """
+    last = {}
+    for k, keys in enumerate(reads):
+        for key in keys:
+            last[key] = k
+        if writes is not None:
+            for key in writes[k]:
+                last.setdefault(key, k)
+    return last
 
 
 class MemoryPlan:

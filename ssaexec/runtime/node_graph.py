@@ -1,8 +1,9 @@
 """The node graph: the units the scheduler runs once an SSA graph is partitioned.
 
-One ``partition`` makes it, and everything that runs or replays a step consumes
-it: both runners (``runtime.runner``), the stream planner (``runtime.streams``),
-the scheduler (``NodeGraph.plan``) and the simulator (``sim.engine``).
+``partition`` makes it, called by the step plan alone (``runtime.plan``), which
+everything that runs, replays or reports a step consumes: both runners
+(``runtime.runner``), the stream planner (``runtime.streams``), the scheduler
+(``NodeGraph.plan``), ``ssaexec stats`` and the simulator (``sim.engine``).
 
 Node kinds are classes, closed and listed in ``NODE_KINDS``; code that needs to
 know what a node is asks the node (``handles``, ``is_comm``, ``stream_handle``,
@@ -40,8 +41,6 @@ Invariants: ``nodes[i].id == i``; edges run from lower to higher position in a
 topological order; every node's ``inputs`` are ``NodeVar``s whose
 ``generated_op`` is the producing node (what ``StreamSync`` reads).
 """
-
-import heapq
 
 from ..graph.commit import commit_plan
 from .scheduler import DependencyPlan
@@ -189,13 +188,9 @@ class NodeGraph:
         return DependencyPlan(len(nodes), producers, [n.is_comm for n in nodes],
                               [n.commit for n in nodes])
 
-    def stream_plan(self, devices=None):
-        """The ``StreamPlan`` of the nodes (``runtime.streams``; no GPU needed)."""
-        from .streams import plan_streams
-        return plan_streams(self.nodes, devices, handle=node_handle)
 
-
-def partition(graph, segments=True, noop_collectives=False, atomic=False, plan=None):
+def partition(graph, segments=True, noop_collectives=False, atomic=False, plan=None,
+              order=None):
     """Cut ``graph`` into a ``NodeGraph`` (see the module docstring).
 
     Parameters
@@ -211,6 +206,8 @@ def partition(graph, segments=True, noop_collectives=False, atomic=False, plan=N
         every other node of the step.
     plan : CommitPlan, optional
         The graph's commit plan, if the caller has it.
+    order : list of OpHandle, optional
+        ``program_order(graph, plan.late)``, if the caller has it.
     """
     plan = plan or commit_plan(graph)
     if not segments:
@@ -221,7 +218,8 @@ def partition(graph, segments=True, noop_collectives=False, atomic=False, plan=N
             node_of[node.handle.id] = node
         _link(nodes, node_of, chain=False)
         return NodeGraph(graph, nodes, node_of, plan, False, atomic)
-    nodes, node_of = _segments(graph, noop_collectives, atomic, plan.late)
+    nodes, node_of = _segments(graph, noop_collectives, atomic, plan.late,
+                               order or program_order(graph, plan.late))
     _link(nodes, node_of, chain=True)
     if atomic:
         _commit_barrier(nodes)
@@ -231,8 +229,7 @@ def partition(graph, segments=True, noop_collectives=False, atomic=False, plan=N
     return NodeGraph(graph, nodes, node_of, plan, True, atomic)
 
 
-def _segments(graph, noop_collectives, atomic, late):
-    order = program_order(graph, late)
+def _segments(graph, noop_collectives, atomic, late, order):
     multi = set()
     for h in graph.ops:
         # handles spanning places are nodes of their own (but one place's no-op collectives)
@@ -339,29 +336,11 @@ def _commit_barrier(nodes):
 
 def program_order(graph, late=()):
     """A topological order that follows program order (handle ids) wherever it can,
-    with every handle of ``late`` (the commit phase) after all the others.
+    with every handle of ``late`` (the commit phase) after all the others
+    (``SSAGraph.topological_order``, the package's one sort).
 
     Handles are made in program order, so each place then runs its ops as the
     sequential executor would: the optimizer updates stay together at the end,
     where they can be fused.
     """
-    indeg = [0] * len(graph.ops)
-    succ = [[] for _ in graph.ops]
-    for op in graph.ops:
-        ps = op.producers()
-        indeg[op.id] = len(ps)
-        for p in ps:
-            succ[p.id].append(op.id)
-    ready = [(i in late, i) for i, d in enumerate(indeg) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(graph.ops[i])
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, (j in late, j))
-    if len(order) != len(graph.ops):
-        graph.topological_order()  # raises GraphError naming the cycle
-    return order
+    return graph.topological_order(late)

@@ -2,24 +2,26 @@
 
 A runner is composed, not derived. Its parts:
 
-* the **node graph** (``runtime.node_graph.partition``), which the lowering
-  chooses: a node per handle (``GraphRunner``, the readable path) or segments
-  (``CompiledRunner``);
+* the **step plan** (``runtime.plan.build_plan``): the node graph, the commit
+  phase, the alias plan, the scheduler's dependency plan, the memory and stream
+  plans, all decided once from the graph and the lowering's policy: a node per
+  handle (``GraphRunner``, the readable path) or segments (``CompiledRunner``);
 * the **lowering**, which turns each node into a zero-argument body: a handle's
   own function, or a segment's generated code (``runtime.codegen``). It also
   chooses the memory plan, since what stays in a scope depends on what the
   bodies keep as locals. Swapping the lowering swaps the compiler;
 * the **handle calls** (``runtime.handle_calls``): collective issue, fetches and
   the per-handle functions, shared by both lowerings;
-* the **memory plan** (``runtime.memory_plan``): reference counts that erase a
+* the **memory plan** (``StepPlan.memory_plan``): reference counts that erase a
   value from its place's scope once its last reader has run;
-* the **streams** on CUDA places (``runtime.streams``, applied to the node graph);
-* the **scheduler**, which runs ``NodeGraph.plan()``.
+* the **streams** on CUDA places (``runtime.streams``, applying the plan's
+  ``stream_plan``);
+* the **scheduler**, which runs the plan's ``deps``.
 
-A lowering has ``partition(graph, collective, commit)`` -> ``NodeGraph``,
-``prepare(runner)`` -> ``MemoryPlan`` (after which ``segment_body(node)`` and
-``handle_body(handle)`` give the bodies), ``begin_step()``, and the attributes
-``compiled``, ``rebindable`` and ``clones``.
+A lowering states its policy in the attributes ``compiled`` (segments or a node
+per handle), ``atomic`` and ``keep_fetched``; it has ``prepare(runner)`` ->
+``MemoryPlan`` (after which ``segment_body(node)`` and ``handle_body(handle)``
+give the bodies), ``begin_step()``, and the attributes ``rebindable`` and ``clones``.
 
 Step. ``run`` resets the per-step state (fetches, reference counts), hands the
 collective backend the step's signature, runs the plan, and returns ``{fetch
@@ -32,8 +34,8 @@ GPU, for the whole step (``StreamSync.finish``).
 """
 
 from ..errors import CommitError, SSAExecError
-from ..graph.commit import commit_plan
 from .handle_calls import HandleCalls, collective_signature
+from .plan import build_plan, processes_of
 
 __all__ = ["Runner"]
 
@@ -56,18 +58,23 @@ class Runner:
         self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
         self.inline = False  # run in the caller's thread only (see ParallelExecutor)
         self.calls = HandleCalls(graph, self.scopes, collective, self.step, run_places)
+        keep = {h.var_name for h in graph.fetches} if lowering.keep_fetched else ()
+        self.step_plan = build_plan(graph, lowering.compiled, processes_of(collective),
+                                    lowering.atomic, keep)
         # the commit phase waits for every other node, on every place (graph.commit)
-        self.commit = commit_plan(graph)
-        self.node_graph = lowering.partition(graph, collective, self.commit)
+        self.commit = self.step_plan.commit
+        self.node_graph = self.step_plan.nodes
         self.nodes = self.node_graph.nodes
-        self.plan = self.node_graph.plan()
+        self.plan = self.step_plan.deps
         self.signature = collective_signature(graph)
         self.streams = None
         if contexts is not None and any(c is not None for c in contexts):
             from .node_graph import node_handle
             from .streams import StreamSync, external_inputs
+            devices = [c.device if c is not None else None for c in contexts]
             self.streams = StreamSync(self.node_graph, contexts, sync, handle=node_handle,
-                                      external=external_inputs(graph))
+                                      external=external_inputs(graph),
+                                      plan=self.step_plan.stream_plan(devices))
         self.memory = lowering.prepare(self)
         self.bodies = [n.body(lowering) for n in self.nodes]
         self.fns = [self.memory.wrap(i, self._on_stream(i, body), self.scopes)
@@ -98,7 +105,7 @@ class Runner:
 
     def stream_plan(self, devices=None):
         """The ``StreamPlan`` of the node graph (``runtime.streams``; no GPU needed)."""
-        return self.node_graph.stream_plan(devices)
+        return self.step_plan.stream_plan(devices)
 
     def _on_stream(self, i, fn):
         return fn if self.streams is None else self.streams.wrap(i, fn, self.scopes)

@@ -37,6 +37,7 @@ import queue
 import threading
 
 from ..errors import GraphError, SSAExecError
+from ..graph.ssa import topo_sort
 from . import interrupt
 
 __all__ = ["DependencyPlan", "Scheduler", "comm_first", "default_threads", "run_here"]
@@ -102,16 +103,7 @@ class DependencyPlan:
         self._check_acyclic()
 
     def _check_acyclic(self):
-        counts = list(self.pending)
-        stack = list(self.roots)
-        seen = 0
-        while stack:
-            i = stack.pop()
-            seen += 1
-            for j in self.succ[i]:
-                counts[j] -= 1
-                if counts[j] == 0:
-                    stack.append(j)
+        seen = len(topo_sort(self.succ, self.pending))
         if seen != self.n:
             raise GraphError(f"dependency cycle: {self.n - seen} ops can never become ready")
 

@@ -225,15 +225,18 @@ class StreamSync:
     ``graph`` is anything with ``ops`` (an ``SSAGraph``, a ``NodeGraph``);
     ``key`` and ``handle`` as in ``plan_streams``; ``external``: the
     ``(place index, name)`` values made outside the step (``external_inputs``).
+    ``plan``: the ``StreamPlan`` to apply when the caller has it (a runner passes
+    its step plan's, ``runtime.plan``); else planned here from ``graph``.
     """
 
     __slots__ = ("plan", "streams", "extra", "folds", "events", "sync", "cross_inputs",
                  "capturing", "external", "_used", "_start_events", "_end_events")
 
     def __init__(self, graph, contexts, sync="event", key=stream_key, handle=None,
-                 external=()):
+                 external=(), plan=None):
         devices = [c.device if c is not None else None for c in contexts]
-        plan = plan_streams(graph.ops, devices, key, handle)
+        if plan is None:
+            plan = plan_streams(graph.ops, devices, key, handle)
         self.plan = plan
         self.streams, self.extra = [], []
         for entered in plan.enters:
