@@ -493,3 +493,28 @@ def test_the_detectors_own_setup_is_never_a_cuda_sync_report():
     assert len(reports) == 2 and str(others[0].message) == notice
     # nothing lost, nothing doubled
     assert len(reports) + len(others) == len(log)
+
+
+def test_a_warning_raised_in_a_step_keeps_the_ssaexec_frames_that_raised_it():
+    # torch reports a synchronising CUDA call as a warning when the call returns to
+    # Python; the first GPU run attributed every one to the detector's own file. The log
+    # keeps the stack at the warning, so the report names the code that made the call.
+    # A real ssaexec warning stands in for torch's (StepGraphs gives up on capturing).
+    import types
+    from ssaexec.runtime.cuda_graph import StepGraphs
+    from ssaexec.runtime.host_sync import _WarningLog
+    with _WarningLog() as log:
+        StepGraphs._give_up(types.SimpleNamespace(), "the test's reason")
+    assert len(log.entries) == 1
+    w = log.entries[0]
+    assert "the test's reason" in str(w.message) and w.category is RuntimeWarning
+    assert w.ssaexec_stack[0] == "ssaexec/runtime/cuda_graph.py:StepGraphs._give_up"
+    # the rules match that stack as they match the dispatch mode's findings
+    from ssaexec.runtime.host_sync import Allowed
+    assert Allowed("cuda sync", "ssaexec/runtime/cuda_graph.py", "x").covers(w.ssaexec_stack)
+    assert not Allowed("cuda sync", "ssaexec/feed.py", "x").covers(w.ssaexec_stack)
+    # and warnings behave as before once it exits
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        warnings.warn("after", UserWarning)
+    assert [str(a.message) for a in after] == ["after"]

@@ -153,6 +153,15 @@ ALLOWED = (
             "trust them are range-checked first (docs/security.md), one read per such op "
             "and step; a device-side assert would end the CUDA context instead. Programs "
             "built in this process (trusted) skip the checks"),
+    Allowed("cuda sync", "ssaexec/ops/guards.py",
+            "a program file is untrusted: the range check of an index argument reads its "
+            "result on the host (the host read above), which waits for the device"),
+    Allowed("data-dependent shape", "ssaexec/ops/guards_index.py:_nll_loss",
+            "a program file is untrusted: nll_loss's guard checks the targets that are not "
+            "ignore_index (a mask of them), one read per such op and step like every guard"),
+    Allowed("cuda sync", "ssaexec/ops/sparse.py",
+            "sparse gradients: coalescing the rows a batch touched sizes by the data (the "
+            "data-dependent shape below), which waits for the device"),
     Allowed("data-dependent shape", "ssaexec/ops/sparse.py",
             "sparse gradients (embedding is_sparse=True) hold the rows a batch touched: "
             "coalescing them sizes by the data, a sync per step on a GPU that is the price of "
@@ -260,6 +269,35 @@ class _Function(TorchFunctionMode):
 CUDA_SYNC_REPORT = "called a synchronizing CUDA operation"
 
 
+class _WarningLog:
+    """Collects the warnings raised while entered (all of them, as ``catch_warnings(record=
+    True)``), each with ``ssaexec_stack``: the ssaexec frames on the Python stack when it
+    was raised, innermost first. torch turns a CUDA sync report into a Python warning when
+    the synchronising call returns to Python, so the stack names the kernel or guard that
+    made the call; the warning's own file is the detector's dispatch mode, which names
+    nothing (the first GPU run's findings all said ``ssaexec/runtime/host_sync.py``)."""
+
+    def __init__(self):
+        self.entries = []
+        self._catch = None
+
+    def __enter__(self):
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._show  # catch_warnings puts the original back
+        return self
+
+    def _show(self, message, category, filename, lineno, file=None, line=None):
+        w = warnings.WarningMessage(message, category, filename, lineno, file, line)
+        w.ssaexec_stack = _stack(2)[0]
+        self.entries.append(w)
+
+    def __exit__(self, *exc):
+        self._catch.__exit__(*exc)
+        return False
+
+
 def split_cuda_log(log, setup=0):
     """``(reports, others)``: the warnings caught while CUDA's sync debug mode was on.
 
@@ -334,9 +372,8 @@ class HostSyncDetector:
     def __enter__(self):
         if self.cuda:
             self._cuda_prev = torch.cuda.get_sync_debug_mode()
-            self._caught = warnings.catch_warnings(record=True)
-            self._cuda_log = self._caught.__enter__()
-            warnings.simplefilter("always")
+            self._caught = _WarningLog()
+            self._cuda_log = self._caught.__enter__().entries
             torch.cuda.set_sync_debug_mode("warn")
             # what turning the mode on logged (torch's notice that the mode is a prototype)
             # is the detector's own setup, never a report about the step
@@ -361,10 +398,13 @@ class HostSyncDetector:
             for w in others:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             for w in reports:
+                # where the call was made: the ssaexec frames on the stack when torch
+                # reported it (the op's kernel, a guard), else the warning's own file
                 path = w.filename
                 where = ("ssaexec/" + path[len(_PACKAGE):].replace(os.sep, "/")
                          if path.startswith(_PACKAGE) else path)
-                self._found("cuda sync", str(w.message).splitlines()[0], [where])
+                stack = getattr(w, "ssaexec_stack", None) or [where]
+                self._found("cuda sync", str(w.message).splitlines()[0], stack)
             self.mode = mode
             syncs = self.findings[before:]
             if mode == "error" and exc[0] is None and syncs:
