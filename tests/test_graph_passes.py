@@ -100,8 +100,8 @@ def test_replicate_makes_one_compute_node_per_op_and_place():
     assert all(n.cls is ComputationOpHandle for n in bg.nodes)
     for n in bg.nodes:
         reads, writes = op_reads_writes(main, ops[n.op_index])
-        assert n.io == tuple(("read", n.place_idx, r) for r in reads) + \
-            tuple(("write", n.place_idx, w) for w in writes)
+        assert n.io == (("read", (n.place_idx,), tuple(reads)),
+                        ("write", (n.place_idx,), tuple(writes)))
     g = materialize(bg)
     assert not g.collectives and not g.fetches and not g.ops_of_kind(CollectiveOpHandle)
     assert {d.reason for d in g.dummies} <= {"war", "waw"}  # hazards come with versions
@@ -267,7 +267,7 @@ def test_fetch_reads_every_place_and_refuses_unknown_vars():
     main, _, loss = golden.program("seed_mlp")
     before, after = around("fetch", places=3)
     (f,) = nodes_of(after, FetchOpHandle)
-    assert f.io == tuple(("read", pi, loss) for pi in range(3))
+    assert f.io == (("read", range(3), (loss,)),)
     assert after.items[:-1] == before.items
     assert materialize(after).fetches[0].var_name == loss
     bg = BuildGraph(main, tuple(cpu_places(1)), BuildStrategy(), ("no_such_var",))

@@ -118,8 +118,9 @@ def grad_owners(program, param_grads, num_places):
 class Node:
     """One op handle to make: ``cls(*args)`` (a ``Node`` in ``args`` stands for its handle).
 
-    ``io`` is what the handle does to the graph, in order: ``("read", place_idx, name)``,
-    ``("write", place_idx, name)``, ``("after", node, reason)`` (a dummy edge from
+    ``io`` is what the handle does to the graph, in order: ``("read", places, names)``
+    and ``("write", places, names)`` (each name in turn, on each of the place indices),
+    ``("after", node, reason)`` (a dummy edge from
     ``node``). ``op_index`` is the program op it comes from (None for fetches);
     ``sparse`` and ``bucketable`` are what the collective passes need to know.
     """
@@ -202,21 +203,27 @@ def materialize(bg):
                              "before it is made")
         return handle[a]
 
+    read, write, depend = g.read, g.write, g.depend  # the hot loop: 8 places of BERT
     for it in bg.items:
         if isinstance(it, Edge):
-            g.depend(resolve(it.before), resolve(it.after), it.reason)
+            depend(resolve(it.before), resolve(it.after), it.reason)
             continue
-        h = handle[it] = g.add_op(it.cls(*map(resolve, it.args)))
-        if isinstance(h, AllReduceWaitOpHandle):
+        cls = it.cls
+        if cls is AllReduceWaitOpHandle:  # the one kind made from another handle
+            h = g.add_op(cls(resolve(it.args[0])))
             h.start.wait = h
-        for step, a, b in it.io:
-            if step == "read":
-                g.read(h, a, b)
-            elif step == "write":
-                g.write(h, a, b)
-            else:
-                g.depend(resolve(a), h, b)
-        if isinstance(h, FetchOpHandle):
+        else:
+            h = g.add_op(cls(*it.args))
+        handle[it] = h
+        for step, places, names in it.io:
+            if step == "after":
+                depend(resolve(places), h, names)
+                continue
+            access = read if step == "read" else write
+            for name in names:
+                for pi in places:
+                    access(h, pi, name)
+        if cls is FetchOpHandle:
             g.fetches.append(h)
     g.collectives = [handle[c] for c in bg.collectives]
     for k, h in enumerate(g.collectives):
@@ -225,8 +232,8 @@ def materialize(bg):
 
 
 def _read_write_all(names, n):
-    return tuple(("read", pi, name) for name in names for pi in range(n)) + \
-        tuple(("write", pi, name) for name in names for pi in range(n))
+    names = tuple(names)
+    return ("read", range(n), names), ("write", range(n), names)
 
 
 def _all_reduce(names, n, wire, op_index, **kw):
@@ -252,9 +259,9 @@ def replicate(bg):
     """One compute node per op of block 0 and place, reading then writing its vars."""
     items = []
     for i, op in enumerate(bg.program.global_block().ops):
-        reads, writes = op_reads_writes(bg.program, op)
+        reads, writes = map(tuple, op_reads_writes(bg.program, op))
         for pi, place in enumerate(bg.places):
-            io = tuple(("read", pi, n) for n in reads) + tuple(("write", pi, n) for n in writes)
+            io = (("read", (pi,), reads), ("write", (pi,), writes))
             items.append(Node(ComputationOpHandle, (op, i, place, pi), io, op_index=i, op=op,
                               place_idx=pi))
     return bg.replace(items=tuple(items))
@@ -282,7 +289,7 @@ def gradient_scale(bg):
         pi = it.place_idx
         args = (names[0], coeff, op.attrs.get("shape", []), op.attrs.get("dtype", "float32"),
                 bg.places[pi], pi, index)
-        items.append(Node(ScaleLossGradOpHandle, args, (("write", pi, names[0]),),
+        items.append(Node(ScaleLossGradOpHandle, args, (("write", (pi,), (names[0],)),),
                           op_index=index, op=op, place_idx=pi))
     return bg.replace(items=tuple(items))
 
@@ -367,7 +374,7 @@ def insert_collectives(bg):
             for p, grad in op.role_var:
                 if bg.reduce_mode:
                     owner = bg.param_owner[p]
-                    io = tuple(("read", pi, grad) for pi in range(n)) + (("write", owner, grad),)
+                    io = (("read", range(n), (grad,)), ("write", (owner,), (grad,)))
                     out.append(Node(ReduceOpHandle, ([grad], owner), io, op_index=idx))
                 else:
                     out.append(_all_reduce([grad], n, None if first.sparse else bg.wire, idx,
@@ -375,7 +382,8 @@ def insert_collectives(bg):
         if bg.owner_mode and op.role == "optimize" and op.role_var and n > 1:
             p = op.role_var[0][0]
             root = bg.param_owner[p]
-            io = (("read", root, p),) + tuple(("write", pi, p) for pi in range(n) if pi != root)
+            others = tuple(pi for pi in range(n) if pi != root)
+            io = (("read", (root,), (p,)), ("write", others, (p,)))
             out.append(Node(BroadcastOpHandle, ([p], root), io, op_index=idx))
     return bg.replace(items=tuple(out))
 
@@ -455,7 +463,8 @@ def fetch(bg):
     every place (``GraphError`` for a var the program neither declares nor touches)."""
     if not bg.fetch_list:
         return bg
-    touched = {(a, b) for it in bg.nodes for step, a, b in it.io if step != "after"}
+    touched = {(pi, name) for it in bg.nodes for step, places, names in it.io
+               if step != "after" for name in names for pi in places}
     block = bg.program.global_block()
     out = list(bg.items)
     for name in bg.fetch_list:
@@ -465,7 +474,7 @@ def fetch(bg):
             if (pi, name) not in touched:
                 raise GraphError(f"fetch var {name!r} is neither written by the program nor "
                                  f"read by it on {place}; nothing to fetch")
-        io = tuple(("read", pi, name) for pi in range(len(bg.places)))
+        io = (("read", range(len(bg.places)), (name,)),)
         touched.update((pi, name) for pi in range(len(bg.places)))
         out.append(Node(FetchOpHandle, (name,), io))
     return bg.replace(items=tuple(out))
