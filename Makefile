@@ -16,6 +16,12 @@ TORCH_INDEX ?=
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PYTEST_ARGS ?=
+# the suite runs on pytest-xdist workers, one per core (at most 4: each worker holds its own
+# torch, and the tests that start processes take turns anyway); --dist loadfile runs each
+# test file's tests on one worker, in order; the tests marked `processes` run one at a time
+# (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in this process, as before.
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 ifeq ($(HAS_GPU),yes)
 TORCH_INSTALL := PIP_FIND_LINKS= $(BIN)/pip install "torch==$(TORCH_VERSION)"
@@ -40,7 +46,7 @@ $(STAMP): pyproject.toml
 		elif ! PIP_FIND_LINKS= $(BIN)/pip install -q "$$w>=13"; then \
 		echo "note: pip install $$w failed; NCCL collectives fall back to torch.cuda.nccl"; fi; }
 	$(BIN)/pip install -q "networkx>=3.0" "numpy>=1.24" "matplotlib>=3.7" "dask>=2024.1" \
-		"pytest>=8" "hypothesis>=6.100" "pytest-timeout>=2.3" "safetensors>=0.4" \
+		"pytest>=8" "hypothesis>=6.100" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "safetensors>=0.4" \
 		"scikit-learn>=1.3" "protobuf>=4" "transformers>=5"
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
@@ -68,12 +74,13 @@ chromium:
 demo: $(STAMP)
 	$(BIN)/python -m ssaexec.demo
 
+# the whole suite; it prints the 20 slowest tests at the end (docs/reliability.md)
 test: $(STAMP) graphviz chromium
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=20 $(PYTEST_ARGS)
 
-# everything but the tests marked slow (real processes, benchmarks, big models): ~6 min
+# everything but the tests marked slow (real processes, benchmarks, big models)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # the supported torch range (docs/torch_versions.md): pytest -m "not slow" plus the
 # transformers zoo on torch 2.11.0, 2.13.0 and 2.14.1 (Python 3.11) and on the GPU
@@ -95,7 +102,7 @@ test-newest:
 # (SSAEXEC_COMPILER=inductor); tests/conftest.py's INDUCTOR_EXCEPTIONS skips, with why, the
 # tests that cannot hold then. Slow: each executor compiles its first steps.
 test-inductor: $(STAMP)
-	SSAEXEC_COMPILER=inductor $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	SSAEXEC_COMPILER=inductor $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/images_per_sec.py

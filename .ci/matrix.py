@@ -5,7 +5,9 @@ For each cell (Python, torch) of ``CELLS``: a virtualenv ``.venv-matrix/py<py>-<
 made from the package index (torch as pip finds it: the CPU wheel on local disk where
 there is one, else the CUDA wheel from the index, which runs on CPU), with ssaexec
 installed editable with its test extras; then ``pytest -m "not slow"`` and the
-transformers zoo (tests/test_zoo.py, marked slow, so run by name). It prints one line a
+transformers zoo (tests/test_zoo.py, marked slow, so run by name), both on pytest-xdist
+workers as ``make test`` runs them (a venv without pytest-xdist that pip cannot reach: in
+one process). It prints one line a
 cell: Python, torch, passed, failed, seconds, and exits 1 when any cell failed.
 
 Policy:
@@ -88,6 +90,23 @@ def _count(text, word):
     return int(m.group(1)) if m else 0
 
 
+# as the Makefile's test targets: a pytest-xdist worker per core (at most 4), each test
+# file on one worker, the tests marked `processes` one at a time (tests/conftest.py)
+XDIST = ["-n", "auto", "--maxprocesses", "4", "--dist", "loadfile"]
+
+
+def has_xdist(python):
+    """Whether the cell's venv has pytest-xdist. A venv made before it joined the test
+    extras gets it now when pip can reach it; offline it stays without, and its suite runs
+    in one process as before."""
+    probe = [str(python), "-c", "import xdist"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return True
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--retries", "0", "--timeout",
+                    "15", "pytest-xdist>=3.5"], capture_output=True)
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
 def pytest(python, args, log):
     """``(passed, failed)`` of one pytest run (errors count as failed); its output goes to
     ``log`` as it runs."""
@@ -112,9 +131,10 @@ def run_cell(py, torch_version, zoo):
     python = install(py, torch_version)
     log = ROOT / ".venv-matrix" / f"py{py}-{torch_version}.log"
     log.write_text("")
-    passed, failed = pytest(python, ["-m", "not slow"], log)
+    xdist = XDIST if has_xdist(python) else []
+    passed, failed = pytest(python, [*xdist, "-m", "not slow"], log)
     if zoo:
-        p, f = pytest(python, ["tests/test_zoo.py"], log)
+        p, f = pytest(python, [*xdist, "tests/test_zoo.py"], log)
         passed, failed = passed + p, failed + f
     return passed, failed, time.perf_counter() - t0
 

@@ -1,5 +1,7 @@
+import fcntl
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -78,6 +80,38 @@ INDUCTOR_EXCEPTIONS.update(dict.fromkeys(
         "test_a_graph_whose_input_changed_shape_is_captured_again")],
     "the CPU stand-in of a CUDA capture records ATen calls, and Inductor's fused C++ "
     "kernels make none: it cannot record a compiled step"))
+
+
+# pytest-xdist (make test: -n auto --dist loadfile). Each file's tests run on one worker,
+# in file order, as they would alone: module fixtures are made once, and a file's tests see
+# what they saw before. A test marked ``processes`` starts real processes (gloo process
+# groups, torchrun, network namespaces) whose timeouts assume no second such test runs at
+# the same time: the workers take turns through a lock file of their run, held from before
+# the test's setup (its module fixtures too, which start processes) to after its teardown.
+# The lock is taken before pytest-timeout starts the test's clock (a test's budget is its
+# own run, not its wait). Their ports come from tests/ports.py (a block per worker), their
+# files from tmp_path, their namespace names carry the worker's pid (tests/netns.py).
+# (Not xdist_group + --dist loadgroup: with pytest 9.2 the group silently stops applying,
+# pytest-dev/pytest-xdist#1386.)
+def _processes_lock_path(config):
+    worker_temp = getattr(config.option, "basetemp", None)  # <run's basetemp>/popen-gwN
+    if worker_temp:
+        return os.path.join(os.path.dirname(str(worker_temp)), "processes.lock")
+    uid = getattr(config, "workerinput", {}).get("testrunuid", "run")
+    return os.path.join(tempfile.gettempdir(), f"ssaexec-processes-{uid}.lock")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock
+def pytest_runtest_protocol(item, nextitem):
+    if not hasattr(item.config, "workerinput") or item.get_closest_marker("processes") is None:
+        yield  # not an xdist worker, or a test that starts no processes
+        return
+    with open(_processes_lock_path(item.config), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a crash
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
 """The benchmark harness (ssaexec.bench) and its torch.nn twins (bench/torch_models.py)."""
 
+import argparse
 import json
 import math
 import sys
@@ -77,7 +78,6 @@ def test_bad_options_fail_clearly():
 def test_torchrun_modes_are_planned_on_the_place_counts_their_processes_divide():
     # ssaexec-inductor-nproc (issue 32's two gloo processes against torch.compile + DDP)
     # runs as ssaexec-nproc does, an InductorTrainer in each process
-    import argparse
     from ssaexec.bench import cli
     ap = argparse.ArgumentParser()
     cli.add_arguments(ap)
@@ -90,28 +90,32 @@ def test_torchrun_modes_are_planned_on_the_place_counts_their_processes_divide()
     assert all("nproc" not in c for c in configs if c["mode"] == "torch-compile-ddp")
 
 
-def test_from_torch_flag_without_frontend_errors_clearly():
-    try:
-        from ssaexec.frontends.torch import from_torch  # noqa: F401
-    except ImportError:
-        with pytest.raises(SystemExit, match="from_torch"):
-            benchmark.main(["--preset", "tiny", "--from-torch", "--places", "cpu:1"])
-    else:
-        pytest.skip("ssaexec.frontends.torch.from_torch exists")
+def test_from_torch_flag_plans_its_mode_and_without_the_frontend_errors_clearly(monkeypatch):
+    from ssaexec.bench import cli
+
+    def plan(*argv):
+        ap = argparse.ArgumentParser()
+        cli.add_arguments(ap)
+        args = ap.parse_args(["--preset", "tiny", "--places", "cpu:2", *argv])
+        return cli.plan(args, cli.settings(args))[0]
+
+    assert not any(c["mode"] == "ssaexec-from-torch" for c in plan("--modes", "seq"))
+    got = {(c["mode"], c["places"]) for c in plan("--modes", "seq", "--from-torch")}
+    assert got == {("seq", 1), ("ssaexec-from-torch", 1), ("ssaexec-from-torch", 2)}
+    # an install whose torch frontend cannot be imported: one clear line, no traceback
+    monkeypatch.setitem(sys.modules, "ssaexec.frontends.torch", None)
+    with pytest.raises(SystemExit, match=r"--from-torch needs ssaexec\.frontends\.torch"):
+        plan("--modes", "seq", "--from-torch")
 
 
 @pytest.mark.slow
+@pytest.mark.processes  # torch-ddp and ssaexec-nproc start 2 processes each
 @pytest.mark.timeout(240)
 def test_harness_runs_every_mode(tmp_path, capsys):
     """Acceptance: a tiny model, a couple of steps, every mode; schema and training checked."""
     out = tmp_path / "tiny.json"
     png = tmp_path / "tiny.png"
-    try:
-        from ssaexec.frontends.torch import from_torch  # noqa: F401
-        extra = ["--from-torch"]
-    except ImportError:
-        extra = []
-    extra += ["--nproc", "2"]
+    extra = ["--from-torch", "--nproc", "2"]
     rc = benchmark.main(["--preset", "tiny", "--places", "cpu:2", "--place-counts", "2",
                          "--json", str(out), "--plot", str(png), "--no-progress", *extra])
     text = capsys.readouterr().out
@@ -125,9 +129,7 @@ def test_harness_runs_every_mode(tmp_path, capsys):
     runs = {(r["mode"], r["places"]): r for r in result["runs"]}
     expected = {("seq", 1), ("ssaexec", 2), ("torch-eager", 1), ("torch-compile", 1),
                 ("torch-ddp", 2),
-                ("ssaexec-nproc", 2)}
-    if "--from-torch" in extra:
-        expected.add(("ssaexec-from-torch", 2))
+                ("ssaexec-nproc", 2), ("ssaexec-from-torch", 2)}
     assert set(runs) == expected
     for (mode, places), r in runs.items():
         assert r["error"] is None, r["error"]
@@ -153,9 +155,9 @@ def test_harness_runs_every_mode(tmp_path, capsys):
     # ssaexec under torchrun (2 processes x 1 place) trains like 1 process x 2 places
     assert runs[("ssaexec-nproc", 2)]["losses"] == pytest.approx(runs[("ssaexec", 2)]["losses"],
                                                                 rel=1e-4)
-    if "--from-torch" in extra:  # the imported twin starts from the builder's weights: it trains alike
-        assert runs[("ssaexec-from-torch", 2)]["losses"] == pytest.approx(
-            runs[("ssaexec", 2)]["losses"], rel=1e-4)
+    # the imported twin starts from the builder's weights: it trains alike
+    assert runs[("ssaexec-from-torch", 2)]["losses"] == pytest.approx(
+        runs[("ssaexec", 2)]["losses"], rel=1e-4)
     assert [c["name"] for c in result["comparisons"]] == ["ssaexec@2 / torch-ddp@2 images/sec"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for mode in ("seq", "ssaexec", "torch-eager", "torch-ddp"):

@@ -10,7 +10,6 @@ trainers within the timeout, and ``ssaexec launch`` runs.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from ssaexec.cli.main import main as cli_main
 from ssaexec.models import build_uci_housing, build_uci_housing_pserver
 from ssaexec.program.distribute import dependencies
 from ssaexec.program.text import program_from_text
+
+from ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
@@ -314,9 +315,7 @@ def _worker(scenario, out):
 
 class _Ranks:
     def __init__(self, scenario, out, **env):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()  # a port no other test running beside this one takes
         base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="4",
                     OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO,
@@ -341,6 +340,7 @@ def _records(tmp_path, ranks):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in ranks]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("scenario,build", [
@@ -361,6 +361,7 @@ def test_sync_mode_equals_two_place_data_parallelism(tmp_path, scenario, build):
             assert rel_err(rec["params"][name], ref[name]) < 1e-6, name
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_async_mode_trains(tmp_path):
@@ -375,6 +376,7 @@ def test_async_mode_trains(tmp_path):
         assert sum(last) < 0.5 * sum(first), rec["losses"]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_dead_server_is_reported_by_the_trainers_within_the_timeout(tmp_path):
@@ -400,6 +402,7 @@ def test_a_dead_server_is_reported_by_the_trainers_within_the_timeout(tmp_path):
         assert rec["seconds"] < 60
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_launch_starts_every_process(tmp_path):

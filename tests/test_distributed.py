@@ -23,19 +23,14 @@ from ssaexec import distributed as dist
 from ssaexec.runtime.dist_collective import describe_collective
 
 import dist_worker as W
+from ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "dist_worker.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 WORLD = 2
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # real processes
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.processes]  # real processes
 
 
 def _port_is_free(port):
@@ -64,7 +59,7 @@ class _Workers:
     """``WORLD`` worker processes of one scenario; killed (if still alive) on exit."""
 
     def __init__(self, scenario, out_dir, world=WORLD, **env):
-        self.port = _free_port()
+        self.port = free_port()  # a port no other test running beside this one takes
         self.out_dir = out_dir
         self.world = world
         self.logs = [os.path.join(out_dir, f"out{r}.txt") for r in range(world)]

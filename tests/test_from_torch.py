@@ -10,7 +10,6 @@ each model is captured once per module and the optimizers are appended to clones
 
 import math
 import os
-import socket
 import tempfile
 
 import pytest
@@ -22,6 +21,8 @@ import ssaexec as se
 from ssaexec.frontends.torch import from_torch
 from ssaexec.ops.aten import decode_bytes, encode_bytes, parse_size_expr
 from ssaexec.program.desc import grad_var_name
+
+from ports import free_port
 
 STEPS = 5
 B = 8  # whole batch; 2 places get 4 each
@@ -254,12 +255,6 @@ def test_from_torch_with_optimizer_argument_and_sequential_executor():
 
 
 # --- acceptance 1: ResNet-18 against DDP (2 gloo processes) ------------------------------------
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank, port, state, batches, out_dir):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -291,13 +286,14 @@ def ddp_reference():
     import torch.multiprocessing as mp
     model, batches, *_ = _captured("resnet")
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_ddp_worker, args=(_free_port(), model.state_dict(), batches, out_dir),
+        mp.spawn(_ddp_worker, args=(free_port(), model.state_dict(), batches, out_dir),
                  nprocs=2, join=True)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
                 for r in range(2)]
 
 
 @pytest.mark.slow
+@pytest.mark.processes  # and one worker computes ddp_reference once for both
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 def test_resnet18_matches_ddp_with_per_replica_batch_norm(ddp_reference, opt_name):
     model, batches, main0, startup0, loss = _captured("resnet")

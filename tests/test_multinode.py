@@ -36,7 +36,7 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 PORT = 29400
 
 _why = netns.available()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.timeout(240),
               pytest.mark.skipif(_why is not None, reason=_why or "")]
 
 

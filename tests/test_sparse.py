@@ -6,7 +6,6 @@ program, which sparse training must equal.
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -18,6 +17,8 @@ import ssaexec as se
 from ssaexec.ops.registry import get_op_def
 from ssaexec.ops.sparse import nbytes
 from ssaexec.trace import trace_steps
+
+from ports import free_port
 
 VOCAB, DIM, SLOTS, BATCH, STEPS = 100_000, 16, 4, 64, 5
 
@@ -283,11 +284,10 @@ def _worker(out):
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_two_processes_gather_sparse_rows_like_two_places(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port no other test running beside this one takes
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
