@@ -116,13 +116,13 @@ def grad_owners(program, param_grads, num_places):
 
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One op handle to make: ``cls(*args)`` (a ``Node`` in ``args`` stands for its handle).
+    """One op handle to make: ``cls(*args)`` (a wait node's argument is its all-reduce node).
 
-    ``io`` is what the handle does to the graph, in order: ``("read", places, names)``
-    and ``("write", places, names)`` (each name in turn, on each of the place indices),
-    ``("after", node, reason)`` (a dummy edge from
-    ``node``). ``op_index`` is the program op it comes from (None for fetches);
-    ``sparse`` and ``bucketable`` are what the collective passes need to know.
+    ``io`` is what the handle does to the graph, in order: ``("read", places, names)`` and
+    ``("write", places, names)`` (each name in turn, on each of the place indices) and
+    ``("after", node, reason)`` (a dummy edge from ``node``). ``op_index`` is the program
+    op it comes from (None for fetches); ``sparse`` and ``bucketable`` are what the
+    collective passes need to know.
     """
 
     cls: type
