@@ -1,8 +1,10 @@
 """``ssaexec stats``: sizes, critical path, width, traffic and memory of a program's SSA graph.
 
 The numbers come from ``ssaexec.graph.analysis.graph_stats`` (static: nothing
-runs) plus ``ssaexec.runtime.compiled.compile_summary`` (how the compiled runner
-would segment the graph); this module only picks the output form.
+runs) plus ``ssaexec.runtime.compiled.compile_summary`` (the compiled runner's own
+step plan, ``runtime.plan``: the segments it runs, in its order; with
+``--compiler inductor``, ``inductor_summary``, the Inductor runner's); this module
+only picks the output form.
 """
 
 import sys
@@ -53,7 +55,7 @@ def cmd_stats(args):
     if args.compiler == "inductor":
         from ..runtime.inductor import inductor_summary
         stats["compiler"] = inductor_summary(graph)
-    stats["compiled"] = compile_summary(graph)  # last: it adds the alias edges
+    stats["compiled"] = compile_summary(graph)
     if args.format == "json":
         import json
         stats = dict(stats, program=args.program)

@@ -16,9 +16,9 @@ Decisions, in order, each made here and nowhere else:
 1. **Aliasing** (``graph.aliasing``, compiled path only): the edges that keep
    in-place writers after every reader of an aliased version, and the versions
    to copy. The edges are applied to the graph once, the first time any plan of
-   it is built (memoised per graph and ``keep``): a later plan, whatever its
-   policy, sees and reports the same edges, so the graph no caller holds ever
-   changes under it.
+   it is built (memoised per graph and ``keep``), and the plan module is their
+   only caller: a later plan, whatever its policy, adds nothing and reports the
+   same edges, so no consumer ever sees the graph change under it.
 2. **The no-op collective rule**: a collective of one place in one process does
    nothing (``noop_collectives``: one place, ``processes == 1``, on either path);
    on the compiled path it cuts no segment and emits no code.
@@ -37,7 +37,8 @@ Decisions, in order, each made here and nowhere else:
 8. **Stream roles** (``stream_plan(devices)``, ``runtime.streams.plan_streams``).
 
 Invariants: a plan is a value: building it changes nothing a caller can see
-(the alias edges above being the graph's own, once); two plans of one graph
+(the alias edges above being the graph's own, once), and a runner writes only
+its own plan's segments (their ``lowered`` code), so runners never share one; two plans of one graph
 with the same arguments have the same nodes, in the same order (``node_keys``);
 ``nodes.nodes[i].id == i`` and ``deps`` numbers nodes alike.
 """
