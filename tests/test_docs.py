@@ -89,6 +89,11 @@ def _sandbox(tmp_path):
 PY_DOCS = sorted({s.path for s in ALL if s.lang == "python" and not s.skip},
                  key=lambda p: str(p))
 SH = [s for s in ALL if commands(s) and not s.skip]
+# a snippet that starts a process group (torchrun, ssaexec launch, the benchmark's --nproc)
+# takes turns with the other tests that do under pytest-xdist (tests/conftest.py)
+_GROUP = re.compile(r"\btorchrun\b|\bssaexec launch\b|--nproc\b")
+SH_PARAMS = [pytest.param(s, marks=pytest.mark.processes) if _GROUP.search(s.body) else s
+             for s in SH]
 
 
 @pytest.mark.parametrize("path", PY_DOCS, ids=lambda p: str(p.relative_to(REPO)))
@@ -101,7 +106,7 @@ def test_python_snippets_run(path, tmp_path):
     assert proc.returncode == 0, f"{path.name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
 
 
-@pytest.mark.parametrize("snippet", SH, ids=repr)
+@pytest.mark.parametrize("snippet", SH_PARAMS, ids=repr)
 def test_shell_snippets_run(snippet, tmp_path):
     env = _sandbox(tmp_path)
     for cmd, expect_error in commands(snippet):

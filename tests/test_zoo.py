@@ -327,6 +327,7 @@ def test_example_trains_a_causal_lm(tmp_path):
         assert torch.equal(v, model.state_dict()[k]), k
 
 
+@pytest.mark.processes  # DDP's 2 gloo processes
 def test_bench_compares_hf_llama_with_ddp(tmp_path, capsys):
     """``ssaexec bench --model hf-llama`` (tiny sizes): ssaexec on 2 places and DDP with
     2 processes train the same imported model from the same weights on the same batch."""
