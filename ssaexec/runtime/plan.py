@@ -38,9 +38,10 @@ Decisions, in order, each made here and nowhere else:
 
 Invariants: a plan is a value: building it changes nothing a caller can see
 (the alias edges above being the graph's own, once), and a runner writes only
-its own plan's segments (their ``lowered`` code), so runners never share one; two plans of one graph
-with the same arguments have the same nodes, in the same order (``node_keys``);
-``nodes.nodes[i].id == i`` and ``deps`` numbers nodes alike.
+its own plan's segments (their ``lowered`` code), so runners never share one;
+two plans of one graph with the same arguments have the same nodes, in the
+same order (``node_keys``); ``nodes.nodes[i].id == i`` and ``deps`` numbers
+nodes alike.
 """
 
 import weakref
@@ -57,10 +58,13 @@ _ALIAS = weakref.WeakKeyDictionary()  # graph -> {keep: AliasPlan}, the edges ap
 
 def processes_of(collective):
     """The processes a collective backend spans: 1 when it is local only, else its
-    ``world_size`` (None when it does not say)."""
+    ``world_size`` when above 1, else None (several). A backend that is not local
+    only is never a no-op, even in a world of one: it still takes part in the
+    group's steps."""
     if getattr(collective, "local_only", False):
         return 1
-    return getattr(collective, "world_size", None)
+    world = getattr(collective, "world_size", None)
+    return world if isinstance(world, int) and world > 1 else None
 
 
 def _aliasing(graph, keep):
