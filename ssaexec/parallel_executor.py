@@ -158,7 +158,7 @@ class ParallelExecutor:
         self._group = GroupSteps()  # a failed multi-process step aborts the group
         self._programs = StepPrograms()
         self._runners = RunnerCache(self.places, self.build_strategy, self.exec_strategy,
-                                    self._scheduler, self.program_for)
+                                    self._scheduler)
         self._cuda_graphs = cuda_graphs.StepGraphCache()
         self._step_graphs = self._cuda_graphs.graphs  # id(runner) -> StepGraphs
         # makes each StepGraphs' capture mechanism (None: CUDA graphs); tests set a CPU one
@@ -227,8 +227,8 @@ class ParallelExecutor:
 
     def _runner(self, fetch, phase="apply"):
         # observed steps take the readable path; the user's strategy object stays as given
-        return self._runners.runner(fetch, phase, self.local_scopes, self._collective,
-                                    readable=self._observing)
+        return self._runners.runner(fetch, phase, self.program_for, self.local_scopes,
+                                    self._collective, readable=self._observing)
 
     def _phase(self):
         # gradient accumulation: every K-th run all-reduces and applies

@@ -47,14 +47,21 @@ def test_the_runner_cache_builds_once_per_key_and_observing_takes_the_readable_p
     st = se.ExecutionStrategy()
     sched = Scheduler(1)
     try:
-        cache = RunnerCache(places, se.BuildStrategy(), st, sched, lambda phase: main)
+        cache = RunnerCache(places, se.BuildStrategy(), st, sched)
+        built = []
+
+        def program_for(phase):
+            built.append(phase)
+            return main
         fetch = (loss,)
         scopes = [se.Scope() for _ in places]
         assert cache.find(fetch, "apply") is None
-        fast = cache.runner(fetch, "apply", scopes, LocalCollective())
-        readable = cache.runner(fetch, "apply", scopes, LocalCollective(), readable=True)
+        fast = cache.runner(fetch, "apply", program_for, scopes, LocalCollective())
+        readable = cache.runner(fetch, "apply", program_for, scopes, LocalCollective(),
+                                readable=True)
         assert fast.lowering.compiled and not readable.lowering.compiled
-        assert cache.runner(fetch, "apply", scopes, None) is fast  # cached: no rebuild
+        assert cache.runner(fetch, "apply", program_for, scopes, None) is fast  # cached
+        assert built == ["apply", "apply"]  # one build per key, none for the cached one
         assert cache.find(fetch, "apply") is fast
         assert cache.find(fetch, "apply", readable=True) is readable
         assert cache.key(fetch, "apply", readable=True)[1:] == (False, None, "apply", None)
@@ -236,3 +243,19 @@ def test_the_parts_import_nothing_above_the_runtime():
     assert len(parts) >= 8
     above = [(a, b) for a in parts for b in g.successors(a) if layer_of(b) > runtime]
     assert above == []
+
+
+def test_a_dropped_executor_is_freed_at_once_and_stops_its_workers():
+    # the parts hold no reference back to the executor: no cycle waits for the collector
+    import gc
+    import weakref
+    main, startup, loss = _mlp()
+    pe = se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope())
+    pe.run([loss], feed={"img": torch.randn(4, 6), "label": torch.zeros(4, 1, dtype=torch.int64)})
+    ref, scheduler = weakref.ref(pe), pe._scheduler
+    gc.disable()
+    try:
+        del pe
+        assert ref() is None and scheduler.closed
+    finally:
+        gc.enable()

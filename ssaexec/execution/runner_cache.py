@@ -38,16 +38,13 @@ class RunnerCache:
     build_strategy, exec_strategy : BuildStrategy, ExecutionStrategy
         The executor's strategies (read at each call, never written).
     scheduler : runtime.scheduler.Scheduler
-    program_for : callable
-        ``program_for(phase)``: the program a step of ``phase`` runs.
     """
 
-    def __init__(self, places, build_strategy, exec_strategy, scheduler, program_for):
+    def __init__(self, places, build_strategy, exec_strategy, scheduler):
         self.places = places
         self.build_strategy = build_strategy
         self.exec_strategy = exec_strategy
         self._scheduler = scheduler
-        self._program_for = program_for
         self._runners = {}
         self._contexts = None
 
@@ -63,19 +60,24 @@ class RunnerCache:
         """The runner of ``fetch`` in ``phase`` if one was built, else None."""
         return self._runners.get(self.key(fetch, phase, readable))
 
-    def runner(self, fetch, phase, local_scopes, collective, readable=False):
+    def runner(self, fetch, phase, program_for, local_scopes, collective, readable=False):
         """The runner of ``fetch`` (a tuple of names) in ``phase``, built on first use
-        over ``local_scopes`` with ``collective``."""
+        from ``program_for(phase)`` over ``local_scopes`` with ``collective``.
+
+        ``program_for`` is passed, not kept: the cache holds no reference back to its
+        executor, so an executor dropped without ``close`` is freed (and its workers
+        stopped) at once, not at the next cyclic collection."""
         key = self.key(fetch, phase, readable)
         runner = self._runners.get(key)
         if runner is None:
-            runner = self._runners[key] = self._build(key, local_scopes, collective)
+            runner = self._runners[key] = self._build(key, program_for(phase), local_scopes,
+                                                      collective)
         return runner
 
-    def _build(self, key, local_scopes, collective):
+    def _build(self, key, program, local_scopes, collective):
         fetch, compiled, _, phase, compiler = key
         build = self.build_strategy.for_compiler(compiler)
-        graph = build_ssa_graph(self._program_for(phase), self.places, build, list(fetch))
+        graph = build_ssa_graph(program, self.places, build, list(fetch))
         graph.lint()
         sync = self.exec_strategy.sync
         if compiler == "inductor":
