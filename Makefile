@@ -64,12 +64,12 @@ graphviz:
 		echo "hint: Graphviz 'dot' is not installed (apt-get install graphviz): ssaexec viz uses its matplotlib fallback and the tests that need dot are skipped"
 
 # Headless Chromium (Debian's package) runs the explorer page's browser tests
-# (tests/test_explorer.py); without it they skip with a hint.
+# (tests/graph/test_explorer.py); without it they skip with a hint.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)) ; } || \
-		echo "hint: headless Chromium is not installed (apt-get install chromium): the explorer's browser tests (tests/test_explorer.py) are skipped"
+		echo "hint: headless Chromium is not installed (apt-get install chromium): the explorer's browser tests (tests/graph/test_explorer.py) are skipped"
 
 demo: $(STAMP)
 	$(BIN)/python -m ssaexec.demo
@@ -132,20 +132,20 @@ validate-sim: $(STAMP)
 validate-sim-published: $(STAMP)
 	$(BIN)/python bench/validate_sim_published.py
 
-# The program-file fuzzer (tests/test_fuzz.py, docs/security.md) with a long budget;
+# The program-file fuzzer (tests/integration/test_fuzz.py, docs/security.md) with a long budget;
 # `make test` runs it with 60 cases. It prints the number of cases tried. Then the kernel
-# fuzzer (tests/test_kernel_fuzz.py: every allowlisted ATen kernel with hostile values),
+# fuzzer (tests/ops/test_kernel_fuzz.py: every allowlisted ATen kernel with hostile values),
 # long: every mutation under every layout plus random pairs (`make test` samples it);
 # KERNEL_FUZZ_SEED=N varies its random draws. Last, every structured mutation of every op of
-# the PIR fixtures (tests/test_pir_malformed.py; `make test` samples 40).
+# the PIR fixtures (tests/frontends/paddle/test_pir_malformed.py; `make test` samples 40).
 FUZZ_EXAMPLES ?= 5000
 KERNEL_FUZZ_SEED ?= 0
 fuzz: $(STAMP)
 	SSAEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
-		tests/test_fuzz.py
+		tests/integration/test_fuzz.py
 	SSAEXEC_KERNEL_FUZZ=long SSAEXEC_KERNEL_FUZZ_SEED=$(KERNEL_FUZZ_SEED) $(BIN)/python -m pytest \
-		-q -s -p no:cacheprovider tests/test_kernel_fuzz.py -k no_allowlisted
-	SSAEXEC_PIR_FUZZ=long $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_pir_malformed.py -k fuzz
+		-q -s -p no:cacheprovider tests/ops/test_kernel_fuzz.py -k no_allowlisted
+	SSAEXEC_PIR_FUZZ=long $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/frontends/paddle/test_pir_malformed.py -k fuzz
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

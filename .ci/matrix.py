@@ -5,7 +5,7 @@ For each cell (Python, torch) of ``CELLS``: a virtualenv ``.venv-matrix/py<py>-<
 made from the package index (torch as pip finds it: the CPU wheel on local disk where
 there is one, else the CUDA wheel from the index, which runs on CPU), with ssaexec
 installed editable with its test extras; then ``pytest -m "not slow"`` and the
-transformers zoo (tests/test_zoo.py, marked slow, so run by name), both on pytest-xdist
+transformers zoo (tests/frontends/torch/test_zoo.py, marked slow, so run by name), both on pytest-xdist
 workers as ``make test`` runs them (a venv without pytest-xdist that pip cannot reach: in
 one process). It prints one line a
 cell: Python, torch, passed, failed, seconds, and exits 1 when any cell failed.
@@ -134,7 +134,7 @@ def run_cell(py, torch_version, zoo):
     xdist = XDIST if has_xdist(python) else []
     passed, failed = pytest(python, [*xdist, "-m", "not slow"], log)
     if zoo:
-        p, f = pytest(python, [*xdist, "tests/test_zoo.py"], log)
+        p, f = pytest(python, [*xdist, "tests/frontends/torch/test_zoo.py"], log)
         passed, failed = passed + p, failed + f
     return passed, failed, time.perf_counter() - t0
 

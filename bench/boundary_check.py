@@ -34,10 +34,10 @@ from torch import nn  # noqa: E402
 
 import ssaexec as se  # noqa: E402
 from dispatch_overhead import interleaved  # noqa: E402
-from ssaexec.bench import machine_description  # noqa: E402
+from ssaexec.harness import machine_description  # noqa: E402
 from ssaexec.program.defaults import loss_var  # noqa: E402
 from ssaexec.runtime.boundary import entering_vars  # noqa: E402
-from ssaexec.synthetic import synthetic_feed  # noqa: E402
+from ssaexec.data.synthetic import synthetic_feed  # noqa: E402
 
 SCHEMA = "ssaexec-boundary-check/1"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -38,7 +38,7 @@ MODES = ("torch-compile", "ssaexec-inductor")
 def worker(model, mode):
     """In this process: build ``mode``'s trainer for ``model`` and print its compile_s."""
     import torch
-    from ssaexec.bench import cli, runners
+    from ssaexec.harness import cli, runners
     ap = argparse.ArgumentParser()
     cli.add_arguments(ap)
     s = cli.settings(ap.parse_args(["--quick"] if model == "quick" else ["--model", model]))

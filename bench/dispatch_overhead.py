@@ -63,8 +63,8 @@ import torch  # noqa: E402
 
 import scheduler_overhead  # noqa: E402
 import ssaexec as se  # noqa: E402
-from ssaexec import compat  # noqa: E402
-from ssaexec.bench import load_twins, machine_description  # noqa: E402
+from ssaexec.core import compat  # noqa: E402
+from ssaexec.harness import load_twins, machine_description  # noqa: E402
 
 SCHEMA = "ssaexec-dispatch/1"
 
@@ -198,7 +198,7 @@ def fx_floor(module, feeds, lr):
         The step (returns the loss as a float) and the number of ATen calls in
         the graph.
     """
-    from ssaexec.compat import aot_export_module
+    from ssaexec.core.compat import aot_export_module
 
     class Tuple(torch.nn.Module):
         # the export wants the outputs as a tuple, the loss at output_loss_index

@@ -37,8 +37,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssaexec as se  # noqa: E402
-from ssaexec.bench import machine_description  # noqa: E402
-from ssaexec.bench.models import load_twins  # noqa: E402
+from ssaexec.harness import machine_description  # noqa: E402
+from ssaexec.harness.workloads import load_twins  # noqa: E402
 
 
 def feeds(vocab, batch, length, seed):

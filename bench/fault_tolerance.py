@@ -31,6 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(1, ROOT)  # tests.<folder>.test_x: tests/ mirrors the package
 EXAMPLE = os.path.join(ROOT, "examples", "train_distributed.py")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 STEPS, EVERY = 16, 2
@@ -124,7 +125,7 @@ def lose(args):
     why = netns.available()
     if why:
         raise SystemExit(f"cannot make network namespaces: {why}")
-    from test_multinode import _torchrun
+    from tests.integration.test_multinode import _torchrun
     folder = tempfile.mkdtemp(prefix="ssaexec-lose-")
     ck = os.path.join(folder, "ck")
     steps = 240 if args.mode == "join" else 24  # a join must land while training runs

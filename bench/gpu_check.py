@@ -8,12 +8,12 @@ seconds, the key figures parsed from the benchmark's JSON where it writes one, a
 tail of its output when it failed. Full logs go to ``out/gpu_check/logs/<part>.log``.
 
 Parts (``--list`` prints them with their commands): the ``cuda``-marked tests; the
-stream tests (tests/test_cuda.py) again under ``TORCH_CUDA_SANITIZER=1``; the harness
+stream tests (tests/runtime/test_cuda.py) again under ``TORCH_CUDA_SANITIZER=1``; the harness
 (bench/images_per_sec.py) paired against torch eager, with peak GPU memory, for ResNet-50
 b32 fp32 (program and from_torch), bf16, fp16 and with CUDA graphs, the transformer at
 b32x128 and b4x128, and 1 vs 2 places on one GPU; the host-sync detector
 (``ssaexec.runtime.host_sync``) in warn mode over one step of every case of
-tests/test_host_sync.py on a CUDA place, both paths, each finding listed (the part
+tests/runtime/test_host_sync.py on a CUDA place, both paths, each finding listed (the part
 fails only if a case cannot run); bench/dispatch_overhead.py --device cuda; a
 torch.profiler trace of one compiled step of a small from_torch model with the
 idle GPU time between kernels counted; bench/validate_sim.py --device cuda (the
@@ -24,7 +24,7 @@ Without a GPU visible to torch it says so on one line, writes a small report and
 It runs on whatever interpreter started it: ``make gpu-check`` picks the project's
 ``.venv`` or, on a GPU machine as it comes (a CUDA torch, no network), that machine's
 own python (bench/gpu_env.py; ``NO_VENV=1`` says so). The report names the torch, whether
-it is in ssaexec's supported range, and the private APIs it lacks (``ssaexec.compat``:
+it is in ssaexec's supported range, and the private APIs it lacks (``ssaexec.core.compat``:
 their fallbacks run). A part that fails because of the torch version (a
 ``TorchFeatureError``, a private torch name missing) is reported as
 ``failed (torch version)`` with the cause, apart from failures of ssaexec's GPU code.
@@ -158,7 +158,7 @@ def profile_step(device, warmup, json_path, trace_path):
 # --- the host-sync part (run as: bench/gpu_check.py --host-sync) ------------------------------
 
 def host_sync_sweep(device, json_path, cases=None, paths=("compiled", "readable")):
-    """The detector in warn mode over one step (after two) of tests/test_host_sync.py's
+    """The detector in warn mode over one step (after two) of tests/runtime/test_host_sync.py's
     cases on one place of ``device`` ("cuda", or "cpu"/"meta" to test this on a CPU).
 
     Writes per case and path the findings not allowed and the allowed ones (with their
@@ -168,7 +168,7 @@ def host_sync_sweep(device, json_path, cases=None, paths=("compiled", "readable"
 
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests"))
-    import test_host_sync as cases_module
+    import tests.runtime.test_host_sync as cases_module
 
     names = sorted(cases_module.CASES) if not cases else list(cases)
     results, crashed = [], 0
@@ -235,11 +235,11 @@ def parts(out, quick=False):
     host_sync_json = out / "host_sync.json"
     return [
         Part("cuda-tests", "every test marked cuda", pytest + ["tests"], 240, kind="pytest"),
-        Part("stream-sanitizer", "the stream tests (tests/test_cuda.py) under torch's CUDA "
-             "sanitizer", pytest + ["tests/test_cuda.py"], 200,
+        Part("stream-sanitizer", "the stream tests (tests/runtime/test_cuda.py) under torch's CUDA "
+             "sanitizer", pytest + ["tests/runtime/test_cuda.py"], 200,
              env={"TORCH_CUDA_SANITIZER": "1"}, kind="pytest"),
         Part("host-sync", "the host-sync detector in warn mode over one step of every case "
-             "of tests/test_host_sync.py on a CUDA place, both paths",
+             "of tests/runtime/test_host_sync.py on a CUDA place, both paths",
              [py, "bench/gpu_check.py", "--host-sync", "--device", "cuda", "--json",
               str(host_sync_json)], 120, json_path=host_sync_json, kind="host-sync"),
         harness("resnet50-fp32", "ResNet-50 224px b32 fp32: program and from_torch vs eager",
@@ -424,7 +424,7 @@ def torch_support():
     """Whether the running torch is in ssaexec's supported range, and the private APIs it
     lacks (their fallbacks run): ``{"supported": bool, "fallbacks": [...]}``."""
     try:
-        from ssaexec import compat
+        from ssaexec.core import compat
     except Exception as e:  # noqa: BLE001 - the report says why instead
         return {"supported": None, "fallbacks": [], "compat_error": f"{type(e).__name__}: {e}"}
     import torch
@@ -489,10 +489,10 @@ def write_report(out, info, records, note=None):
         md += [f"**torch {info['torch']} is outside ssaexec's supported range "
                f"({info.get('range')}, docs/torch_versions.md)**", ""]
     if info.get("fallbacks"):
-        md += ["Private torch APIs this torch lacks (ssaexec.compat's fallbacks run): "
+        md += ["Private torch APIs this torch lacks (ssaexec.core.compat's fallbacks run): "
                + ", ".join(info["fallbacks"]), ""]
     if info.get("compat_error"):
-        md += [f"ssaexec.compat does not import: {info['compat_error']}", ""]
+        md += [f"ssaexec.core.compat does not import: {info['compat_error']}", ""]
     if note:
         md += [note, ""]
     if records:

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssaexec as se  # noqa: E402
-from ssaexec.models import build_model, make_optimizer  # noqa: E402
+from ssaexec.program.example_models import build_model, make_optimizer  # noqa: E402
 
 BUILDER = {  # name -> (build kwargs, feed maker)
     "seed_mlp": (dict(in_dim=64, hidden=32), lambda g, n: {
@@ -49,8 +49,8 @@ def _builder(name, optimizer):
 
 
 def _transformer(optimizer):
-    from ssaexec.bench import cli
-    from ssaexec.bench.models import from_torch_program, place_samples
+    from ssaexec.harness import cli
+    from ssaexec.harness.workloads import from_torch_program, place_samples
     ap = argparse.ArgumentParser()
     cli.add_arguments(ap)
     s = cli.settings(ap.parse_args(["--model", "transformer"]))

@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from ssaexec import compat
-from ssaexec.bench import cli, runners
+from ssaexec.core import compat
+from ssaexec.harness import cli, runners
 from ssaexec.runtime import inductor
 
 
@@ -73,8 +73,8 @@ class _Clocked:
 
 def floor_step(eager, lr):
     """The joint graph of ``eager``'s twin compiled whole by Inductor, plus a foreach SGD."""
-    from ssaexec.compat import aot_export_module
-    from ssaexec.compat import compile_fx
+    from ssaexec.core.compat import aot_export_module
+    from ssaexec.core.compat import compile_fx
     loss_fn = runners.load_twins().loss_fn
 
     class Joint(torch.nn.Module):

@@ -5,7 +5,7 @@
 [--dtype float64|float32] [--json F]`` (float32: acceptance's 5 steps within 1e-4)
 
 Each ``transformers`` model is built from a small config (never downloaded; the configs of
-``tests/test_zoo.py``: 2 layers, width 32, 4 heads, vocabulary 64, dropout off), in
+``tests/frontends/torch/test_zoo.py``: 2 layers, width 32, 4 heads, vocabulary 64, dropout off), in
 float64 (or float32), imported with ``se.from_torch`` and trained with ``compiler="inductor"``; its
 eager twin (the same initial parameters) trains with ``torch.optim`` on the same batches.
 The table gives the largest difference of the losses and of any parameter, and the

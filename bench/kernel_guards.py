@@ -43,7 +43,7 @@ from torch import nn  # noqa: E402
 
 import ssaexec as se  # noqa: E402
 from dispatch_overhead import _paired, interleaved  # noqa: E402
-from ssaexec.bench import load_twins, machine_description  # noqa: E402
+from ssaexec.harness import load_twins, machine_description  # noqa: E402
 from ssaexec.ops.registry import get_op_def  # noqa: E402
 
 SCHEMA = "ssaexec-kernel-guards/1"

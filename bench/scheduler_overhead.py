@@ -145,7 +145,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default="out/bench/scheduler_overhead.json")
     args = ap.parse_args(argv)
-    from ssaexec.place import available_cores
+    from ssaexec.core.place import available_cores
     cores = available_cores()
     machine = {"cpu": cpu_model(), "cores": cores, "python": platform.python_version(),
                "loadavg_start": list(os.getloadavg())}

@@ -1,10 +1,10 @@
-"""``torch.nn`` twins of the builder's example models (``ssaexec.models``), for the benchmark.
+"""``torch.nn`` twins of the builder's example models (``ssaexec.program.example_models``), for the benchmark.
 
 Each twin has the same architecture as its ssaexec program and registers its
 parameters in the order the builder creates them, so ``load_from_scope`` can
 copy a program's initial weights into it one to one:
 
-* ``conv_bn`` (``ssaexec.models._conv_bn``) creates conv weight, BN scale, BN
+* ``conv_bn`` (``ssaexec.program.example_models._conv_bn``) creates conv weight, BN scale, BN
   bias; the BN running mean/variance are persistable non-parameters
   (``<bn>.w_1`` / ``<bn>.w_2``) and are copied into the BN buffers.
 * a residual block creates its two (basic) or three (bottleneck) main
@@ -35,7 +35,7 @@ _RESNET_BLOCKS = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),
 
 
 class MLP(nn.Module):
-    """``ssaexec.models.build_mlp``: fc-relu layers, then an fc to the logits."""
+    """``ssaexec.program.example_models.build_mlp``: fc-relu layers, then an fc to the logits."""
 
     def __init__(self, in_dim=784, hidden=(128, 64), classes=10):
         super().__init__()
@@ -50,7 +50,7 @@ class MLP(nn.Module):
 
 
 class ConvBN(nn.Module):
-    """conv (no bias) + batch norm (+ relu): ``ssaexec.models._conv_bn``."""
+    """conv (no bias) + batch norm (+ relu): ``ssaexec.program.example_models._conv_bn``."""
 
     def __init__(self, c_in, c_out, k, stride=1, groups=1, relu=True):
         super().__init__()
@@ -95,7 +95,7 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    """``ssaexec.models.build_resnet``: CIFAR stem for images <= 64 px, ImageNet stem above."""
+    """``ssaexec.program.example_models.build_resnet``: CIFAR stem for images <= 64 px, ImageNet stem above."""
 
     def __init__(self, depth=18, image_size=32, classes=10, cardinality=1, width=4, base=64):
         super().__init__()
@@ -164,7 +164,7 @@ class WithLoss(nn.Module):
 
 
 def build_twin(name, **kw):
-    """The twin of ``ssaexec.models.build_model(name, **kw)`` (model kwargs only)."""
+    """The twin of ``ssaexec.program.example_models.build_model(name, **kw)`` (model kwargs only)."""
     kw = {k: v for k, v in kw.items() if k not in ("dtype", "optimizer", "seed")}
     if name == "mlp":
         return MLP(**kw)

@@ -36,7 +36,7 @@ WINDOW_STEPS = {"transformer": 200, "hf-llama": 10, "hf-bert": 50, "quick": 10}
 
 def worker(model, optimizer, rounds, steps):
     import torch
-    from ssaexec.bench import cli, runners
+    from ssaexec.harness import cli, runners
     bap = argparse.ArgumentParser()
     cli.add_arguments(bap)
     s = cli.settings(bap.parse_args(["--quick"] if model == "quick" else ["--model", model]))

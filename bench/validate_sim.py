@@ -94,7 +94,7 @@ def _steps(pe, loss, feed, warmup, steps):
 def measure_places(main, startup, loss, places, batch, warmup, steps, torch_threads=None):
     """Median step seconds of one process with ``places`` (a count of CPU places, or a
     list of places) and default strategies."""
-    from ssaexec.synthetic import synthetic_feed
+    from ssaexec.data.synthetic import synthetic_feed
     places = se.cpu_places(places) if isinstance(places, int) else places
     pe = se.ParallelExecutor(places=places, main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
@@ -112,8 +112,8 @@ def measure_places(main, startup, loss, places, batch, warmup, steps, torch_thre
 
 def worker(args):
     """One rank: gloo all-reduce sweep, then ``--steps`` training steps on one place."""
-    from ssaexec.bench.worker import die_with_parent
-    from ssaexec.synthetic import synthetic_feed
+    from ssaexec.harness.worker import die_with_parent
+    from ssaexec.data.synthetic import synthetic_feed
     die_with_parent()
     se.distributed.init(backend="gloo", timeout=120)
     rank = se.distributed.rank()
@@ -400,7 +400,7 @@ def main(argv=None):
         print(f"validate-sim --device cuda: skipped, torch {torch.__version__} sees no GPU "
               f"(CUDA build {torch.version.cuda})")
         return 0
-    from ssaexec.bench import machine_description
+    from ssaexec.harness import machine_description
     machine = machine_description()
     main_prog, startup, loss = _load(args.program)
     where = f"{machine['gpus'][0]} (1 and 2 places on cuda:0)" if cuda else \

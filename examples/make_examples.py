@@ -1,6 +1,6 @@
 """Regenerate the example program files: ``python examples/make_examples.py``.
 
-Each model from ``ssaexec.models`` is written as its main program
+Each model from ``ssaexec.program.example_models`` is written as its main program
 (``NAME.json``) and its startup program (``NAME.startup.json``, the
 parameter initialisers ``ssaexec run`` and ``ssaexec trace`` pick up
 automatically). The two small seed programs are also written in the text form
@@ -12,8 +12,10 @@ running this again reproduces the files byte for byte.
 import argparse
 from pathlib import Path
 
-from ssaexec.models import (build_mlp, build_resnet, build_seed_mlp, build_uci_housing,
-                            build_uci_housing_pserver, make_optimizer)
+from ssaexec.program.example_models import (
+    build_mlp, build_resnet, build_seed_mlp, build_uci_housing, build_uci_housing_pserver,
+    make_optimizer
+)
 from ssaexec.program.io import save_program
 
 HERE = Path(__file__).resolve().parent

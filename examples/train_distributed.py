@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssaexec as se  # noqa: E402
-from ssaexec import distributed as dist  # noqa: E402
-from ssaexec.models import build_mlp, make_optimizer  # noqa: E402
+from ssaexec.dist import world as dist  # noqa: E402
+from ssaexec.program.example_models import build_mlp, make_optimizer  # noqa: E402
 
 IN_DIM, HIDDEN, CLASSES = 32, (64, 32), 10
 

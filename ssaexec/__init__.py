@@ -5,27 +5,37 @@ with ``se.Executor`` (sequential reference) or ``se.ParallelExecutor`` (one
 replica per place, gradients all-reduced, ops scheduled as soon as ready).
 """
 
-from .errors import DistributedError, FeedError, GraphError, OpError, ProgramError, SSAExecError
+import sys as _sys
+
+from .core.errors import (
+    DistributedError, FeedError, GraphError, OpError, ProgramError, SSAExecError
+)
 from .program.desc import BlockDesc, BlockRef, OpDesc, Program, ProgramDesc, VarDesc
 from .program.builder import default_main_program, default_startup_program, program_guard
 from .program import layers, initializer, optimizer
 from .program.backward import append_backward
 from .program.distribute import transpile
-from .place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
+from .core.place import CPUPlace, CUDAPlace, cpu_places, cuda_places, parse_places
 from .runtime.scope import Scope, global_scope, scope_guard
-from .executor import Executor
-from .strategy import BuildStrategy, ExecutionStrategy
+from .execution.executor import Executor
+from .core.strategy import BuildStrategy, ExecutionStrategy
 from .graph.ssa import SSAGraph
 from .graph.build import build_ssa_graph
-from .parallel_executor import ParallelExecutor
-from .data import DataLoader
-from .prefetch import PrefetchLoader
-from .checkpoint import load_checkpoint, save_checkpoint, save_parameters
-from .resume import Checkpoints
-from .sampler import EpochSampler
+from .execution.parallel_executor import ParallelExecutor
+from .data.loader import DataLoader
+from .data.prefetch import PrefetchLoader
+from .state.checkpoint import load_checkpoint, save_checkpoint, save_parameters
+from .state.resume import Checkpoints
+from .dist.sampler import EpochSampler
 from .frontends.torch import from_torch, from_torch_eval, write_back
 from .frontends.paddle import from_paddle
-from . import distributed, elastic
+from .dist import world as distributed, elastic
+
+# the public modules keep their documented import paths (``import ssaexec.distributed``);
+# aliases, not files: no module sits at the top of the package but the entry points
+for _name, _module in (("distributed", distributed), ("elastic", elastic)):
+    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
+del _name, _module
 
 __version__ = "0.1.0"
 

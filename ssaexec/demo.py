@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import ssaexec as se
-from ssaexec.progress import Progress
+from ssaexec.core.progress import Progress
 
 __all__ = ["load_digits_split", "DigitsCNN", "train_digits", "main"]
 
@@ -146,7 +146,7 @@ def main(argv=None):
     if args.no_bench:
         return 0 if acc >= target else 1
     print("== short benchmark on synthetic data (make bench runs the full one)")
-    from ssaexec import bench
+    from ssaexec import harness as bench
     with tempfile.TemporaryDirectory() as tmp:
         return bench.main(["--quick", "--out-dir", tmp, "--plot", "none"] +
                           (["--no-progress"] if args.no_progress else []))

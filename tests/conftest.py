@@ -13,65 +13,65 @@ sys.path.insert(0, os.path.dirname(__file__))
 # segments with Inductor): the tests that cannot hold then, each with why. Keys are node
 # id prefixes.
 INDUCTOR_EXCEPTIONS = {
-    "tests/test_checkpoint.py::test_resume_equals_training_straight_through":
+    "tests/state/test_checkpoint.py::test_resume_equals_training_straight_through":
         "bit for bit: the resumed run records its first step uncompiled where the straight "
         "run is compiled; fused kernels round the last bit differently",
-    "tests/test_resume.py::test_a_run_resumed_from_its_checkpoint_equals_the_run_that_never_stopped":
+    "tests/state/test_resume.py::test_a_run_resumed_from_its_checkpoint_equals_the_run_that_never_stopped":
         "bit for bit: the resumed executor records its first step uncompiled where the "
         "straight run is compiled (as test_checkpoint's); fused kernels round the last bit",
-    "tests/test_multinode.py::test_killed_mid_step_and_mid_save_resumes_bit_for_bit":
+    "tests/integration/test_multinode.py::test_killed_mid_step_and_mid_save_resumes_bit_for_bit":
         "bit for bit: each restarted process records its first step uncompiled where the "
         "run nobody killed is compiled; fused kernels round the last bit differently",
-    "tests/test_eval.py::test_an_eval_executor_sees_the_running_statistics_trained_after":
+    "tests/execution/test_eval.py::test_an_eval_executor_sees_the_running_statistics_trained_after":
         "bit for bit against an executor that compiles on other steps (last-bit rounding)",
-    "tests/test_inductor.py": "compares the compiler with the compiled path: needs both",
-    "tests/test_distribute.py::test_a_placeable_block_trains_where_it_stands":
+    "tests/runtime/test_inductor.py": "compares the compiler with the compiled path: needs both",
+    "tests/program/test_distribute.py::test_a_placeable_block_trains_where_it_stands":
         "bit for bit: the placeable block is a control op and runs uncompiled, its "
         "reference is compiled; fused kernels round the last bit differently",
     # 5 float64 steps of per-place batch norm at 2 places amplify rounding ~100x a step: a
     # 1e-15 change of one weight moves the loss by 8.6e-9 on the uncompiled path too, over
     # the test's 1e-9; Inductor's fused kernels round differently (3 steps: 1.9e-12)
-    "tests/test_from_torch.py::test_resnet18_matches_ddp_with_per_replica_batch_norm[sgd]":
+    "tests/frontends/torch/test_from_torch.py::test_resnet18_matches_ddp_with_per_replica_batch_norm[sgd]":
         "5 float64 steps amplify last-bit rounding past 1e-9 (a 1e-15 change does too)",
-    "tests/test_fused_updates.py::test_fp16_updates_fuse_like_bf16":
+    "tests/runtime/test_fused_updates.py::test_fp16_updates_fuse_like_bf16":
         "counts the compiled path's ATen calls; Inductor's fused kernels make none "
         "(test_inductor.py covers fp16 loss scaling and its skipped step)",
-    "tests/test_fused_updates.py::test_fp16_fused_training_equals_the_readable_path_bit_for_bit":
+    "tests/runtime/test_fused_updates.py::test_fp16_fused_training_equals_the_readable_path_bit_for_bit":
         "bit for bit against the readable path; fused kernels round the last bit differently",
-    "tests/test_hot_path.py::test_examples_bit_identical_to_the_readable_path":
+    "tests/runtime/test_hot_path.py::test_examples_bit_identical_to_the_readable_path":
         "bit for bit against the readable path; fused kernels round the last bit differently",
-    "tests/test_hot_path.py::test_imported_models_bit_identical_and_copy_free":
+    "tests/runtime/test_hot_path.py::test_imported_models_bit_identical_and_copy_free":
         "bit for bit against the readable path; fused kernels round the last bit differently",
-    "tests/test_hot_path.py::test_each_places_updates_are_one_fused_segment_on_several_places":
+    "tests/runtime/test_hot_path.py::test_each_places_updates_are_one_fused_segment_on_several_places":
         "reads the compiled path's generated source, which Inductor replaces",
     # the fault point reads a Python global (which fault to inject), not its inputs: a
     # graph traced while no fault was set keeps that (under the compiler an op must be a
     # function of its inputs; docs/strategies.md)
-    "tests/test_step_atomicity.py::test_crafted_checks_in_any_role_and_position_leave_no_"
+    "tests/runtime/test_step_atomicity.py::test_crafted_checks_in_any_role_and_position_leave_no_"
     "place_changed": "its fault point reads a Python global, which a traced graph cannot see",
-    "tests/test_step_atomicity.py::test_random_faults_never_leave_places_apart":
+    "tests/runtime/test_step_atomicity.py::test_random_faults_never_leave_places_apart":
         "bit for bit against an executor that compiles other segments (the failing one "
         "refuses the segments whose fault point read a value while traced)",
-    "tests/test_torch_eval.py::test_eval_import_on_trained_values_equals_module_eval":
+    "tests/frontends/torch/test_torch_eval.py::test_eval_import_on_trained_values_equals_module_eval":
         "bit for bit between an evaluation's first run (recorded uncompiled) and its second",
-    "tests/test_torch_eval.py::test_resnet18_write_back_and_eval_equal_eager":
+    "tests/frontends/torch/test_torch_eval.py::test_resnet18_write_back_and_eval_equal_eager":
         "float32 to 1e-5 against eager after training; Inductor orders float32 sums its own "
         "way (the compiler's float32 target is 1e-4, bench/inductor_zoo.py)",
-    "tests/test_zoo.py::test_decoder_trains_with_adamw":
+    "tests/frontends/torch/test_zoo.py::test_decoder_trains_with_adamw":
         "transformers computes the loss in float32 (it casts the logits): fused float32 "
         "kernels round differently, 5e-8 after 3 AdamW steps, over the test's 1e-9 (the "
         "compiler's float64 target is 1e-6)",
     # the SGD update reads its rate on the host only when it runs uncompiled; in an Inductor
     # graph the rate is a tensor input, so the step has no host read to find
-    "tests/test_host_sync.py::test_error_mode_stops_the_step_with_the_finding[compiled]":
+    "tests/runtime/test_host_sync.py::test_error_mode_stops_the_step_with_the_finding[compiled]":
         "under Inductor the rate stays a tensor in the graph: the step reads nothing on the host",
 }
-# the CPU stand-in of a CUDA capture (tests/test_cuda_graphs.py's HostCapture) records and
+# the CPU stand-in of a CUDA capture (tests/runtime/test_cuda_graphs.py's HostCapture) records and
 # replays the step's ATen calls; Inductor's fused C++ kernels run without calling ATen, so
 # it cannot record a compiled step (a real CUDA capture records the Triton kernels: the
 # cuda-marked tests there run under the compiler on a GPU)
 INDUCTOR_EXCEPTIONS.update(dict.fromkeys(
-    [f"tests/test_cuda_graphs.py::{t}" for t in (
+    [f"tests/runtime/test_cuda_graphs.py::{t}" for t in (
         "test_replays_on_the_cpu_stand_in_equal_normal_steps[True",  # compiled=True
         "test_replays_never_write_into_the_callers_feeds_or_dataset",
         "test_a_failed_capture_runs_its_step_normally_with_the_feeds",

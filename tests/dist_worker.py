@@ -1,4 +1,4 @@
-"""One process of the multi-process tests (``tests/test_distributed.py`` starts two).
+"""One process of the multi-process tests (``tests/dist/test_world.py`` starts two).
 
 Run as ``python tests/dist_worker.py SCENARIO OUT_DIR`` with torchrun's
 environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each rank writes what
@@ -34,12 +34,12 @@ TIMEOUT = 20.0
 
 
 def _mlp(opt):
-    from ssaexec.models import build_mlp
+    from ssaexec.program.example_models import build_mlp
     return build_mlp("float64", opt, in_dim=12, hidden=(10, 8))
 
 
 def _cnn(opt):
-    from ssaexec.models import build_cnn
+    from ssaexec.program.example_models import build_cnn
     return build_cnn("float64", opt, size=8, filters=(3, 4), batch_norm=False)
 
 
@@ -56,7 +56,7 @@ def make_data(shape, total_places, seed=0):
 
 
 def build(model, opt_name="momentum"):
-    from ssaexec.models import make_optimizer
+    from ssaexec.program.example_models import make_optimizer
     fn, shape = MODELS[model]
     main, startup, loss = fn(make_optimizer(opt_name, 0.05))
     return main, startup, loss, shape
@@ -155,7 +155,7 @@ def _debug_mismatch(se, rank):
 
 
 def _startup_mismatch(se, rank):
-    from ssaexec.models import build_mlp
+    from ssaexec.program.example_models import build_mlp
     main, startup, loss = build_mlp("float64", in_dim=12, hidden=(10, 8 if rank == 0 else 9))
     return _expect(se.DistributedError, lambda: se.ParallelExecutor(
         se.distributed.local_places(PLACES_PER_PROCESS), main, startup, loss, scope=se.Scope()))
@@ -167,7 +167,7 @@ def _peer_hangs(se, rank):
 
     import torch.distributed as dist
 
-    from ssaexec.runtime.dist_collective import ProcessGroupCollective
+    from ssaexec.dist.group_collective import ProcessGroupCollective
     side = ProcessGroupCollective(dist.new_group(timeout=datetime.timedelta(seconds=2)),
                                   timeout=2)
     if rank == 0:
@@ -196,12 +196,12 @@ def _raise_in_step(se, rank, record):
 
 
 def main(scenario, out_dir):
-    from ssaexec.bench.worker import die_with_parent
+    from ssaexec.harness.worker import die_with_parent
     die_with_parent()  # never outlive the test (or torchrun) that started this process
     import ssaexec as se
-    import ssaexec.distributed  # noqa: F401 - until ssaexec/__init__ exports it
+    import ssaexec.dist.world  # noqa: F401 - until ssaexec/__init__ exports it
     if not hasattr(se, "distributed"):
-        se.distributed = sys.modules["ssaexec.distributed"]
+        se.distributed = sys.modules["ssaexec.dist.world"]
     info = se.distributed.init(backend="gloo", timeout=TIMEOUT)
     rank = info.rank
     record = {"rank": rank, "world_size": info.world_size, "backend": info.backend}

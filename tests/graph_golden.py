@@ -1,7 +1,7 @@
 """Golden graphs of ``build_ssa_graph``: the canonical text of every graph the suite's
 strategy combinations build, so a change to how the graph is built (the pass list of
 ``ssaexec.graph.passes``) that changes any node, name, version or edge fails
-``tests/test_graph_passes.py``.
+``tests/graph/test_graph_passes.py``.
 
 The canonical text names each op handle (id, class, name, place, what its kind
 carries) and its inputs and outputs in order (``name@vN/pPLACE`` or
@@ -18,10 +18,10 @@ import pathlib
 
 import ssaexec as se
 from ssaexec.graph.build import build_ssa_graph
-from ssaexec.models import build_cnn, build_mlp, build_seed_mlp
-from ssaexec.place import cpu_places
+from ssaexec.program.example_models import build_cnn, build_mlp, build_seed_mlp
+from ssaexec.core.place import cpu_places
 from ssaexec.program.desc import BlockRef
-from ssaexec.strategy import BuildStrategy
+from ssaexec.core.strategy import BuildStrategy
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "graph_build_golden.json"
 

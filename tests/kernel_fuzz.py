@@ -54,7 +54,7 @@ undefined (``empty``-like ops) are compared by shape only.
 Run ``python tests/kernel_fuzz.py [--sample N] [--rounds R] [--family F] [--unguarded]``
 to fuzz from the command line (``--unguarded`` drives the raw kernels, which
 is how the guards' table was found; for hand-written ops it switches every guard
-off); ``tests/test_kernel_fuzz.py`` runs it.
+off); ``tests/ops/test_kernel_fuzz.py`` runs it.
 """
 
 import argparse
@@ -715,7 +715,7 @@ def _swap_tensors(torch, v, fn):
 
 def encode(torch, overload, args, kwargs):
     """``(xs, attrs)``: a call as a program op (``ssaexec.ops.aten``'s encoding), or None."""
-    from ssaexec.dtypes import DTYPES
+    from ssaexec.core.dtypes import DTYPES
     from ssaexec.ops.schema import LAYOUTS as LAYOUT_NAMES, MEMORY_FORMATS
     names = {v: k for k, v in DTYPES.items()}
     formats = {v: k for k, v in MEMORY_FORMATS.items()}
@@ -766,7 +766,7 @@ class Runner:
 
     def __init__(self, guarded=True, families=("aten", "hand")):
         import torch
-        from ssaexec.limits import set_limits
+        from ssaexec.core.limits import set_limits
         from ssaexec.ops.aten import aten_op_def
         self.torch = torch
         torch.set_num_threads(1)  # reductions in one order: clean and poisoned runs agree
@@ -866,7 +866,7 @@ class Runner:
 
     def oracle(self, case, xs, invoke, attrs, inplace):
         """Run ``invoke(inputs) -> [results]`` on clean tensors and poisoned views of ``xs``."""
-        from ssaexec.errors import ProgramError
+        from ssaexec.core.errors import ProgramError
         from ssaexec.ops.guards import GuardError
         torch = self.torch
         originals = [x.clone() for x in xs]

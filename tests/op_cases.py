@@ -1,4 +1,4 @@
-"""Case tables for tests/test_ops.py: inputs, attrs and an independent torch reference per op.
+"""Case tables for tests/ops/test_ops.py: inputs, attrs and an independent torch reference per op.
 
 Every case names an op type, its inputs (slot -> tensor, list of tensors for a
 duplicable slot, or None for an absent optional slot), the attrs given to the

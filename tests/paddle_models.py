@@ -1,4 +1,4 @@
-"""Paddle programs written without Paddle, for tests/test_paddle_import.py.
+"""Paddle programs written without Paddle, for tests/frontends/paddle/test_paddle_import.py.
 
 ``ProgramBuilder`` writes ProgramDesc messages with the message classes of our own
 ``framework.proto``; ``mlp()``, ``cnn()`` and ``cnn_inference()`` lay out the ops the

@@ -1,17 +1,24 @@
 """One-way architecture: every import of ssaexec goes down the layers, and none goes round.
 
-The layers, bottom to top (docs/architecture.md draws them):
+The layers, bottom to top, are folders of ssaexec/ (``FOLDERS``; docs/architecture.md
+draws them):
 
-    ground     errors, dtypes, place, limits, strategy, faults, compat, safe_files
-               (import nothing of ours but errors)
+    core       errors, dtypes, place, limits, strategy, faults, compat, safe_files, progress
+               (import nothing of ours but core.errors)
     ops        the op registry (a leaf), schemas, the policy, the kernels
-    program    ProgramDesc, its codecs and checks, the builder, backward, optimizers
+    program    ProgramDesc, its codecs and checks, the builder, backward, optimizers,
+               the example models
     graph      SSA handles and graphs, building, aliasing, analysis, pictures
     runtime    scopes, prepared calls, the compiled runner, collectives, the scheduler,
                the host-sync detector (a leaf: nothing in the package imports it)
-    executors  Executor, ParallelExecutor, feed policy, data loading, distributed
-    tools      frontends, cli, bench, trace, models, synthetic data, feed files, demo, progress,
-               and the package's public surface (ssaexec/__init__.py, __main__.py)
+    data       feed policy, the data loaders, feed files, synthetic data
+    dist       torch.distributed set-up, the process-group collective, rendezvous, elastic,
+               the sampler
+    execution  Executor, ParallelExecutor and its parts, the trainer/pserver runner,
+               observing and tracing steps
+    state      checkpoints and resume
+    tools      frontends/, sim/, harness/, cli/, and the package's public surface and entry
+               points (ssaexec/__init__.py, __main__.py, demo.py), the only modules at the top
 
 A module may import from its own layer or any layer below. Every import counts:
 ``import``/``from ... import`` at module level and inside functions (deferred imports
@@ -33,32 +40,34 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "ssaexec"
 
-LAYERS = ["ground", "ops", "program", "graph", "runtime", "executors", "tools"]
+LAYERS = ["core", "ops", "program", "graph", "runtime", "data", "dist", "execution", "state", "tools"]
 
-# module (or package prefix) -> layer; the longest matching prefix wins
-PLACEMENT = {
-    "ssaexec.errors": "ground", "ssaexec.dtypes": "ground", "ssaexec.place": "ground",
-    "ssaexec.limits": "ground", "ssaexec.strategy": "ground", "ssaexec.faults": "ground",
-    "ssaexec.safe_files": "ground",
-    "ssaexec.compat": "ground",
-    "ssaexec.ops": "ops",
-    "ssaexec.program": "program",
-    "ssaexec.graph": "graph",
-    "ssaexec.runtime": "runtime",
-    "ssaexec.executor": "executors", "ssaexec.parallel_executor": "executors",
-    "ssaexec.step_programs": "executors", "ssaexec.observe": "executors",
-    "ssaexec.threading_probe": "executors", "ssaexec.process_group_setup": "executors",
-    "ssaexec.feed": "executors", "ssaexec.data": "executors",
-    "ssaexec.distributed": "executors", "ssaexec.checkpoint": "executors",
-    "ssaexec.sampler": "executors", "ssaexec.rendezvous_store": "executors", "ssaexec.resume": "executors", "ssaexec.elastic": "executors",
-    "ssaexec.prefetch": "executors", "ssaexec.pserver": "executors",
-    "ssaexec.execution": "executors",
-    "ssaexec.frontends": "tools", "ssaexec.cli": "tools", "ssaexec.bench": "tools",
-    "ssaexec.trace": "tools", "ssaexec.sim": "tools",
-    "ssaexec.models": "tools", "ssaexec.synthetic": "tools", "ssaexec.demo": "tools",
-    "ssaexec.feed_file": "tools",
-    "ssaexec.progress": "tools",
-    "ssaexec": "tools",
+# ssaexec/<folder>/ -> layer. Every module lives in one of these folders, or is one
+# of TOP_LEVEL (the public surface and the entry points); a new folder needs a line.
+FOLDERS = {
+    "core": "core",
+    "ops": "ops",
+    "program": "program",
+    "graph": "graph",
+    "runtime": "runtime",
+    "data": "data",
+    "dist": "dist",
+    "execution": "execution",
+    "state": "state",
+    "frontends": "tools", "sim": "tools", "harness": "tools", "cli": "tools",
+}
+TOP_LEVEL = {"ssaexec": "tools", "ssaexec.__main__": "tools", "ssaexec.demo": "tools"}
+# module basenames that may occur in more than one folder, each with why it does not mislead;
+# any other repeated basename fails test_no_two_modules_share_a_name (issue 48's twins:
+# trace, models, comm, report, bench)
+ALLOWED_TWINS = {
+    "amp": "ops/amp (the kernels) beside program/amp (the rewrite that uses them)",
+    "lr": "ops/lr (the schedule kernels) beside program/lr (the builder of schedules)",
+    "parallel_do": "ops/parallel_do (the op) beside program/parallel_do (its builder)",
+    "convert": "cli/convert (the subcommand) and frontends/paddle/convert (Paddle -> ours)",
+    "distribute": "cli/distribute (the subcommand) runs program/distribute (the transpiler)",
+    "evalmode": "one per frontend: frontends/torch/evalmode, frontends/paddle/evalmode",
+    "schema": "ops/schema (op signatures) and frontends/paddle/schema (Paddle's proto)",
 }
 
 # Import edges allowed to close a cycle: (importer, imported) -> why it is not broken yet.
@@ -120,11 +129,16 @@ def import_graph(root=ROOT):
 
 
 def layer_of(mod):
-    best = max((p for p in PLACEMENT if mod == p or mod.startswith(p + ".")), key=len,
-               default=None)
-    if best is None:
-        raise AssertionError(f"{mod} has no layer: add it to PLACEMENT in tests/test_layers.py")
-    return LAYERS.index(PLACEMENT[best])
+    if mod in TOP_LEVEL:
+        return LAYERS.index(TOP_LEVEL[mod])
+    parts = mod.split(".")
+    if len(parts) == 2 and parts[1] not in FOLDERS:
+        raise AssertionError(f"{mod} is a loose module at the top of ssaexec/: only "
+                             f"{sorted(TOP_LEVEL)} may be; move it into a folder of FOLDERS")
+    if parts[1] not in FOLDERS:
+        raise AssertionError(f"{mod}: folder ssaexec/{parts[1]}/ has no layer: add it to "
+                             "FOLDERS in tests/test_layers.py")
+    return LAYERS.index(FOLDERS[parts[1]])
 
 
 def problems(g, allowed=None):
@@ -173,7 +187,7 @@ def test_the_allowed_cycle_edges_stay_in_the_program_layer():
 
 
 @pytest.mark.parametrize("planted, expect", [
-    # the runtime reaching up into the executors
+    # the runtime reaching up into the executors (execution/)
     ("ssaexec/runtime/scope.py", "upward import: ssaexec.runtime.scope"),
     # a deferred import inside a function is still a dependency
     ("ssaexec/ops/math.py", "upward import: ssaexec.ops.math"),
@@ -184,7 +198,7 @@ def test_a_planted_upward_import_is_found(tmp_path, planted, expect):
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / pathlib.Path(planted).relative_to("ssaexec")
     with open(target, "a", encoding="utf-8") as f:
-        f.write("\n\ndef _planted():\n    from ..parallel_executor import ParallelExecutor\n"
+        f.write("\n\ndef _planted():\n    from ..execution.parallel_executor import ParallelExecutor\n"
                 "    return ParallelExecutor\n")
     found = problems(import_graph(copy))
     assert any(p.startswith(expect) for p in found), found
@@ -216,9 +230,46 @@ def test_a_planted_deferred_cycle_is_found(tmp_path, planted, code, names):
 def test_the_host_sync_detector_is_a_leaf_of_the_runtime():
     # it watches steps from outside (tests, make gpu-check, users): no module of the package
     # imports it, so a step runs the same whether or not it exists, and it imports nothing
-    # above the ground layer of ours
+    # above the core layer of ours
     g = import_graph()
     mod = "ssaexec.runtime.host_sync"
     assert layer_of(mod) == LAYERS.index("runtime")
     assert list(g.predecessors(mod)) == []
-    assert all(layer_of(b) == LAYERS.index("ground") for b in g.successors(mod))
+    assert all(layer_of(b) == LAYERS.index("core") for b in g.successors(mod))
+
+
+def test_no_loose_modules_at_the_top():
+    # issue 48: the folders show the layers; only the public surface and entry points stay
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if f"ssaexec.{p.stem}" not in TOP_LEVEL
+                   and p.stem != "__init__")
+    assert loose == [], f"move these into a folder of FOLDERS: {loose}"
+
+
+def test_every_folder_has_a_layer_and_is_a_package():
+    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"
+                     and any(p.rglob("*.py")))
+    assert [f for f in folders if f not in FOLDERS] == []
+    assert [f for f in folders if not (ROOT / f / "__init__.py").exists()] == []
+
+
+def test_no_two_modules_share_a_name():
+    # a name in two folders makes a reader open the wrong file (issue 48's twins)
+    seen = {}
+    for p in ROOT.rglob("*.py"):
+        if p.name != "__init__.py" and "__pycache__" not in p.parts:
+            seen.setdefault(p.stem, []).append(str(p.relative_to(ROOT)))
+    twins = {k: sorted(v) for k, v in seen.items() if len(v) > 1 and k not in ALLOWED_TWINS}
+    assert twins == {}
+    assert [k for k in ALLOWED_TWINS if len(seen.get(k, [])) < 2] == []
+
+
+def test_tests_mirror_the_package(pytestconfig):
+    # tests/<folder>/ is the test of ssaexec/<folder>/ (tests/integration/: end to end), and
+    # pytest must walk into every one (its default norecursedirs skips folders named dist)
+    import fnmatch
+    tests = ROOT.parent / "tests"
+    dirs = {p.parent.relative_to(tests).as_posix() for p in tests.rglob("test_*.py")} - {"."}
+    assert sorted(d for d in dirs if d != "integration" and not (ROOT / d).is_dir()) == []
+    patterns = pytestconfig.getini("norecursedirs")
+    assert [d for d in dirs if any(fnmatch.fnmatch(part, pat) for part in d.split("/")
+                                   for pat in patterns)] == []

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import ssaexec as se
-from ssaexec.models import build_mlp, make_optimizer
+from ssaexec.program.example_models import build_mlp, make_optimizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the tools on top: they may use only public names of other modules' objects
 CONSUMERS = sorted(
-    str(p.relative_to(REPO)) for pattern in ("ssaexec/cli/*.py", "ssaexec/bench/*.py",
-                                             "ssaexec/trace.py", "ssaexec/demo.py",
-                                             "ssaexec/checkpoint.py")
+    str(p.relative_to(REPO)) for pattern in ("ssaexec/cli/*.py", "ssaexec/harness/*.py",
+                                             "ssaexec/execution/step_trace.py", "ssaexec/demo.py",
+                                             "ssaexec/state/checkpoint.py")
     for p in pathlib.Path(REPO).glob(pattern))
 
 
@@ -38,7 +38,7 @@ def test_consumers_use_no_private_attribute_of_other_objects(path):
 
 
 def test_the_lint_covers_the_cli_the_bench_and_the_trace():
-    for part in ("ssaexec/cli/", "ssaexec/bench/", "ssaexec/trace.py"):
+    for part in ("ssaexec/cli/", "ssaexec/harness/", "ssaexec/execution/step_trace.py"):
         assert any(c.startswith(part) for c in CONSUMERS), part
 
 

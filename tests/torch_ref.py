@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ssaexec.bench import torch_optimizer  # noqa: F401  (the optimizer twins)
+from ssaexec.harness import torch_optimizer  # noqa: F401  (the optimizer twins)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
 from torch_models import MLP  # noqa: E402,F401  (the MLP twin lives with the benchmark's)

@@ -10,7 +10,7 @@ Modules: ``main`` (the parser and the exit statuses), one per subcommand,
 (what run and trace share: initial values, feeds, the executor). Policies that
 are not about the command line live below it: which var is the loss and how
 persistables are initialised in ``ssaexec.program.defaults``, synthetic feeds in
-``ssaexec.synthetic``, the progress bar in ``ssaexec.progress``.
+``ssaexec.data.synthetic``, the progress bar in ``ssaexec.core.progress``.
 
 Program files hold one program. ``run`` and ``trace`` also need initial values
 for the persistable vars; they come from a *startup program*: ``--startup
@@ -20,7 +20,7 @@ get documented defaults (``default_startup``), so any program file runs.
 """
 
 from ..program.defaults import default_startup, find_startup, loss_var
-from ..synthetic import infer_classes, synthetic_feed
+from ..data.synthetic import infer_classes, synthetic_feed
 from .common import ProgressBar, UsageError
 from .dump import dump_json, format_dump
 from .main import build_parser, main

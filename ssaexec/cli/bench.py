@@ -1,4 +1,4 @@
-"""``ssaexec bench``: the benchmark harness (``ssaexec.bench``) as a subcommand.
+"""``ssaexec bench``: the benchmark harness (``ssaexec.harness``) as a subcommand.
 
 The harness owns its options and its output; this module only plugs them in
 and turns a failed run into exit status 1.
@@ -23,13 +23,13 @@ examples:
 
 def register(add):
     """Add the ``bench`` subcommand through ``add(name, help, epilog, parents)``."""
-    from ..bench import add_arguments
+    from ..harness import add_arguments
     p = add("bench", "measure images/sec and scaling against PyTorch eager and DDP", EPILOG)
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args):
-    from ..bench import run
+    from ..harness import run
     result = run(args)
     return EXIT_FAILURE if any(r["error"] is not None for r in result["runs"]) else EXIT_OK

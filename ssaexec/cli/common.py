@@ -17,13 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..graph.build import build_ssa_graph
-from ..place import CUDAPlace, cpu_places, cuda_places, parse_places
+from ..core.place import CUDAPlace, cpu_places, cuda_places, parse_places
 from ..program.defaults import loss_var
 from ..program.io import load_program
-from ..progress import Progress
-from ..strategy import BuildStrategy
+from ..core.progress import Progress
+from ..core.strategy import BuildStrategy
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPT", "DEFAULT_STATIC_PLACES",
            "UsageError", "Formatter", "common_options", "graph_options", "select_options",

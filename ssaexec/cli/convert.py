@@ -8,7 +8,7 @@ along with it, next to OUT, unless ``--no-startup``.
 
 from pathlib import Path
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..program.defaults import find_startup
 from ..program.io import FORMATS, save_program
 from .common import EXIT_OK, load_program_file

@@ -6,10 +6,10 @@ Policy:
 * initial values come from the startup program (``--startup``, else the one stored
   next to the program file) plus documented defaults for whatever it leaves unset
   (``ssaexec.program.defaults``), so any program file runs;
-* feeds are one fixed synthetic batch (``ssaexec.synthetic.synthetic_feed``, seeded),
+* feeds are one fixed synthetic batch (``ssaexec.data.synthetic.synthetic_feed``, seeded),
   or consecutive slices of the arrays of an ``--feed`` ``.npz`` file, each checked
   against its data var (name, dtype, shape, limits) before it is decompressed
-  (``ssaexec.feed_file``); every place needs at least one sample;
+  (``ssaexec.data.feed_file``); every place needs at least one sample;
 * a header says where every one of those choices came from, before the first step;
   each step prints one line, with the progress bar erased around it.
 """
@@ -18,13 +18,13 @@ import math
 import sys
 from collections import namedtuple
 
-from ..errors import FeedError
-from ..feed_file import read_feed_file
-from ..parallel_executor import ParallelExecutor
+from ..core.errors import FeedError
+from ..data.feed_file import read_feed_file
+from ..execution.parallel_executor import ParallelExecutor
 from ..program.defaults import loss_var, startup_for
 from ..runtime.scope import Scope
-from ..strategy import ExecutionStrategy
-from ..synthetic import synthetic_feed
+from ..core.strategy import ExecutionStrategy
+from ..data.synthetic import synthetic_feed
 from .common import (UsageError, build_strategy, load_program_file, load_startup_file,
                      places_from, positive)
 
@@ -110,7 +110,7 @@ class _Finetuned:
 
 def _finetune(args, main):
     """An inference program with a label, a loss and SGD attached (``--finetune``)."""
-    from ..errors import ProgramError
+    from ..core.errors import ProgramError
     from ..frontends.paddle import PaddleModel, finetune
     from ..program.optimizer import SGD
     kind, _, output = args.finetune.partition(":")
@@ -137,7 +137,7 @@ def _file_feeds(path, batch, program):
     """(feed_of(step), rows per step, description) from an .npz file.
 
     The file is checked against ``program``'s data vars before any array is
-    decompressed (``ssaexec.feed_file``).
+    decompressed (``ssaexec.data.feed_file``).
     """
     arrays = read_feed_file(path, program)
     rows = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
@@ -199,7 +199,7 @@ def setup(args):
                           scope=Scope())
     resume = getattr(args, "resume", None)
     if resume:
-        from ..checkpoint import load_checkpoint
+        from ..state.checkpoint import load_checkpoint
         try:
             load_checkpoint(resume, pe)
         except BaseException:

@@ -2,7 +2,7 @@
 
 It reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), transpiles PROGRAM exactly as every other process does, joins
-the gloo process group and runs its role (``ssaexec.pserver``): a trainer trains on
+the gloo process group and runs its role (``ssaexec.execution.pserver``): a trainer trains on
 its share of one fixed synthetic batch and prints each step's loss; a server serves
 until every trainer is done. Exit status 0, or 1 with one ``error:`` line.
 """
@@ -10,7 +10,7 @@ until every trainer is done. Exit status 0, or 1 with one ``error:`` line.
 import argparse
 import sys
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from ..ops.parallel_do import split_sizes
 from .common import UsageError, positive
 from .distribute import check_world, load_and_transpile, transpile_args
@@ -41,10 +41,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--debug", action="store_true")
     args = p.parse_args(argv)
-    from .. import distributed
+    from ..dist import world as distributed
     from ..program.defaults import loss_var
-    from ..pserver import run_role
-    from ..synthetic import synthetic_feed
+    from ..execution.pserver import run_role
+    from ..data.synthetic import synthetic_feed
     try:
         program, programs = load_and_transpile(args)
         check_world(programs)

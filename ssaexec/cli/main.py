@@ -82,7 +82,7 @@ def _traceback(debug):
 
 def main(argv=None):
     """Run the ``ssaexec`` command line; return the exit status."""
-    from ..errors import OpError, SSAExecError
+    from ..core.errors import OpError, SSAExecError
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 
-from ..safe_files import replace_problem
+from ..core.safe_files import replace_problem
 from .common import EXIT_OK, ProgressBar, UsageError
 from .execute import execution_options, print_header, print_step, setup, throughput
 
@@ -104,7 +104,7 @@ def _save_plan(args, s):
                 "Nothing was trained; save a checkpoint instead (--save RUN.safetensors "
                 "keeps every value the run trains)")
         return lambda: save_params(path, s.pe, names)
-    from ..checkpoint import save_checkpoint
+    from ..state.checkpoint import save_checkpoint
     params = [v.name for v in s.pe.run_program.global_block().vars.values()
               if v.persistable and v.is_parameter]
     missing = lacking(params)

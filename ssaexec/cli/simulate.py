@@ -130,9 +130,9 @@ def register(add):
 
 
 def _profile(args, program, cluster):
-    from ..errors import ProgramError, SSAExecError
+    from ..core.errors import ProgramError, SSAExecError
     from ..program.json_scan import load_bounded
-    from ..safe_files import read_regular
+    from ..core.safe_files import read_regular
     from ..sim import Profile
     if args.profile:
         try:
@@ -159,9 +159,9 @@ def _profile(args, program, cluster):
 
 def cmd_simulate(args):
     from .. import sim
-    from ..errors import SSAExecError
+    from ..core.errors import SSAExecError
     from ..sim import report
-    from ..strategy import BuildStrategy
+    from ..core.strategy import BuildStrategy
     if (args.program is None) == (args.model is None):
         raise UsageError("give a PROGRAM file or --model NAME (one of them)")
     if args.model is not None:

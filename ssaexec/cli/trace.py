@@ -1,6 +1,6 @@
 """``ssaexec trace``: run a few steps and write a Chrome-trace/Perfetto timeline.
 
-Setup is ``ssaexec.cli.execute``, as for ``run``; the timing is ``ssaexec.trace``
+Setup is ``ssaexec.cli.execute``, as for ``run``; the timing is ``ssaexec.execution.step_trace``
 (through ``ParallelExecutor.observe``, the executor's per-op callback seam).
 Warm-up steps run untraced first, so that the timeline shows steady-state steps.
 With ``--compiler inductor`` the steps run compiled and each segment is one slice
@@ -52,7 +52,7 @@ def register(add):
 
 
 def cmd_trace(args):
-    from .. import trace
+    from ..execution import step_trace as trace
     nodes = args.compiler is not None
     if args.warmup is None:
         args.warmup = 2 if nodes else 1

@@ -1,6 +1,6 @@
 """The executors' parts: each piece of what ``ParallelExecutor`` does, one module each.
 
-``ParallelExecutor`` (``ssaexec.parallel_executor``) is a facade: its public surface
+``ParallelExecutor`` (``ssaexec.execution.parallel_executor``) is a facade: its public surface
 (set-up, variables, running, observing) stays in one class, and each decision it makes
 lives here, testable without an executor:
 
@@ -17,6 +17,7 @@ lives here, testable without an executor:
 * ``torch_threads``: torch's intra-op thread count while CPU places run.
 
 Layering: these parts import the ground layer, ``program``, ``graph`` and ``runtime``,
-never an executor (``tests/test_execution_parts.py`` checks it). A later step moves
-``executor.py`` and ``parallel_executor.py`` into this package too.
+never an executor (``tests/execution/test_execution_parts.py`` checks it). The executors
+themselves (``executor``, ``parallel_executor``) and their step helpers live here too,
+above their parts.
 """

@@ -15,8 +15,8 @@ to its owner place only (``zero_owners``).
 
 import torch
 
-from ..dtypes import torch_dtype
-from ..errors import SSAExecError
+from ..core.dtypes import torch_dtype
+from ..core.errors import SSAExecError
 from ..runtime.boundary import check_value, entering_vars, startup_source
 
 __all__ = ["init_added_state", "broadcast_persistables"]

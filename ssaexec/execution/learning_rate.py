@@ -7,7 +7,7 @@ input names; a program with none or several is an ``SSAExecError`` that lists th
 overwrite it, so ``settable_lr_var`` refuses it.
 """
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 
 __all__ = ["lr_var", "settable_lr_var"]
 

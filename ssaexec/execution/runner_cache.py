@@ -11,7 +11,7 @@ Policy. ``compiler="inductor"`` runs ``runtime.runner.Runner`` with
 ``InductorLowering``; else the compiled path runs ``CompiledRunner`` and the readable
 one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under a
 compiler, gradients go in buckets unless the strategy says otherwise (the default is
-decided in ``ssaexec.strategy``, not here).
+decided in ``ssaexec.core.strategy``, not here).
 
 Invariants: a runner is built once per key and kept until the executor closes (its
 graph, compiled segments and captured CUDA graphs are reused by every later step);

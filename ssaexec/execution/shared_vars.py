@@ -11,7 +11,7 @@ Invariant: the places are the same, in the same order; otherwise an ``SSAExecErr
 names both lists.
 """
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 
 __all__ = ["shared_scopes", "shadowable", "unshadow"]
 

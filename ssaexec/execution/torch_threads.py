@@ -11,7 +11,7 @@ Invariant: ``restore`` puts back the count found before ``apply`` changed it, on
 
 import torch
 
-from ..place import available_cores
+from ..core.place import available_cores
 
 __all__ = ["TorchThreads"]
 

@@ -34,7 +34,7 @@ A when B reads a var handle, dummy or not, that A generated):
   Activations are not counted: they depend on the batch size.
 """
 
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 
 __all__ = ["op_levels", "critical_path", "level_widths", "max_width", "max_antichain_size",
            "collective_traffic", "memory_estimate", "var_counts", "op_counts", "graph_stats",

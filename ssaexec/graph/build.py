@@ -34,10 +34,10 @@ of their sub-blocks (names declared outside the sub-block).
 ``PATH`` and the graph after each pass to ``PATH.<nn>_<pass>.dot`` (``pass_dump_path``).
 """
 
-from ..errors import GraphError
+from ..core.errors import GraphError
 from ..program.desc import Program
-from ..place import Place
-from ..strategy import BuildStrategy
+from ..core.place import Place
+from ..core.strategy import BuildStrategy
 from .passes import PASSES, _nbytes, grad_owners, materialize, op_reads_writes, run_passes
 
 __all__ = ["build_ssa_graph", "op_reads_writes", "grad_owners", "graph_after_each_pass",

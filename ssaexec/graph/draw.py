@@ -38,7 +38,7 @@ import subprocess
 
 import networkx as nx
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from .kinds import HANDLE_KINDS
 
 __all__ = ["SECTIONS", "op_section", "select_ops", "find_dot", "render", "dot_source",

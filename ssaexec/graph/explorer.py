@@ -38,7 +38,7 @@ writer and readers), ``names`` (declared shape, dtype, persistable), ``dummies``
 embedded in a ``<script type="application/json">`` with ``<``, ``>`` and ``&``
 escaped, so no var name can close the script.
 
-A trace is the Chrome-trace dict of ``ssaexec trace`` (``ssaexec.trace``): its
+A trace is the Chrome-trace dict of ``ssaexec trace`` (``ssaexec.execution.step_trace``): its
 ``X`` events carry ``args.op_id``. ``trace_summary`` checks it belongs to the graph
 (same op handles, same names), takes each handle's mean duration over the traced
 steps, and the critical path of the step weighted by those durations
@@ -53,8 +53,8 @@ import json
 import re
 from importlib import resources
 
-from ..errors import ProgramError, SSAExecError
-from ..safe_files import read_regular
+from ..core.errors import ProgramError, SSAExecError
+from ..core.safe_files import read_regular
 from .analysis import critical_path, op_levels
 from .ssa import ComputationOpHandle
 

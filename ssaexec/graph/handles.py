@@ -22,11 +22,11 @@ fields for dumps and traces) and, for collectives, ``traffic_factor``/``traffic_
 (bytes moved per place) and ``apply`` (which call of the collective interface it makes).
 How a handle runs stays in the runtime (``runtime.handle_calls.handle_fn``,
 ``runtime.codegen.emit_handle``) and how the simulator replays, prices and profiles it
-in ``sim`` (``sim.engine.replay_handle``, ``sim.comm.cost_model``,
+in ``sim`` (``sim.engine.replay_handle``, ``sim.comm_cost.cost_model``,
 ``sim.profile.op_key``), each dispatched on the class (``functools.singledispatch``).
 ``kind`` is a label, data only: dumps, traces, stats, pictures and the explorer show
-it, and nothing dispatches on it (``tests/test_kind_dispatch.py``). Adding a kind is
-one class (and, for a collective, its cost model class in ``sim.comm``);
+it, and nothing dispatches on it (``tests/graph/test_kind_dispatch.py``). Adding a kind is
+one class (and, for a collective, its cost model class in ``sim.comm_cost``);
 ``HANDLE_KINDS`` (``graph.kinds``) maps each kind label to its class, in the order the
 classes are defined here.
 
@@ -34,7 +34,7 @@ The graph they form (``SSAGraph``, ``lint()``) is ``graph.ssa``, which re-export
 name of this module; this module does not import it.
 """
 
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 from .kinds import HANDLE_KINDS  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",

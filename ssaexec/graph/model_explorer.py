@@ -29,7 +29,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from .analysis import op_levels
 from .explorer import trace_summary
 from .ssa import ComputationOpHandle

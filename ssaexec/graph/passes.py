@@ -34,15 +34,15 @@ Invariants: a pass never mutates its input (nodes are frozen; a pass returns a n
 ``BuildGraph``); the order of the nodes is the order the handles get their ids, and
 of the items, the order edges are added, so the final graph is, handle for handle
 and edge for edge, the one the single-walk builder made before (the goldens of
-``tests/test_graph_passes.py``). A pass that does not apply returns its input.
+``tests/graph/test_graph_passes.py``). A pass that does not apply returns its input.
 """
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..dtypes import torch_dtype
-from ..errors import GraphError, ProgramError
-from ..limits import depth_problem
+from ..core.dtypes import torch_dtype
+from ..core.errors import GraphError, ProgramError
+from ..core.limits import depth_problem
 from ..program.desc import EMPTY_VAR, OpDesc
 from .fuse import GradBucketer
 from .ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,

@@ -15,7 +15,7 @@ from here (re-exported), as does ``HANDLE_KINDS`` (``graph.kinds``).
 
 import heapq
 
-from ..errors import GraphError
+from ..core.errors import GraphError
 from .handles import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
                       CollectiveOpHandle, ComputationOpHandle, DummyVarHandle, FetchOpHandle,
                       OpHandle, ReduceOpHandle, ScaleLossGradOpHandle, VarHandle)

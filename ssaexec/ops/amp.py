@@ -10,7 +10,7 @@ place's device, so a CUDA graph can replay the step and no step waits for the ho
 
 import torch
 
-from ..compat import amp_unscale_, amp_update_scale_
+from ..core.compat import amp_unscale_, amp_update_scale_
 from .registry import register_op
 
 

@@ -45,7 +45,7 @@ with bounds by ``ssaexec.ops.size_expr``, never ``eval``-ed.
 Operator policy (``ssaexec.ops.policy``, docs/security.md). Only allowlisted
 pure tensor overloads resolve: ``aten_op_def`` raises ``ProgramError`` for any
 other existing overload (``aten.from_file.default`` ...), so a program can
-neither load nor run one. Sizes are bounded (``ssaexec.limits``): shape
+neither load nor run one. Sizes are bounded (``ssaexec.core.limits``): shape
 inference runs factory ops on the meta device and refuses outputs above
 ``max_tensor_elements``, and at run time the size arguments computed from size
 expressions are checked before the kernel allocates.
@@ -76,10 +76,10 @@ import sys
 
 import torch
 
-from ..compat import TorchDispatchMode
-from ..errors import ProgramError
-from ..limits import cap_sizes, get_limit, numel_problem
-from ..dtypes import DTYPES, dtype_name, torch_dtype
+from ..core.compat import TorchDispatchMode
+from ..core.errors import ProgramError
+from ..core.limits import cap_sizes, get_limit, numel_problem
+from ..core.dtypes import DTYPES, dtype_name, torch_dtype
 from .guards import guarded
 from .policy import check_op_type
 from .portable import portable

@@ -65,7 +65,7 @@ op's guard raises ``GuardError`` (not a ``ProgramError``): the executor reports 
 runs the same kernels on meta tensors, as a ``ProgramError`` at that op. Hand-written
 ops run guarded for every program: the ones ``from_torch`` builds (``trusted``) hold no
 hand-written op that calls a guarded overload, so nothing is lost.
-``tests/test_handwritten_guards.py`` checks that no module outside this layer, the ATen
+``tests/ops/test_handwritten_guards.py`` checks that no module outside this layer, the ATen
 resolution and the torch frontend's capture names ``torch.ops``.
 
 Layout. This module is the machinery: the kinds, ``TRUSTS``, the ``_guard``
@@ -89,9 +89,9 @@ import math
 
 import torch
 
-from ..compat import assert_async
-from ..errors import ProgramError
-from ..limits import get_limit, numel_problem
+from ..core.compat import assert_async
+from ..core.errors import ProgramError
+from ..core.limits import get_limit, numel_problem
 
 __all__ = ["TRUSTS", "TRACED", "HAND_WRITTEN_ONLY", "GuardError", "GuardedOverload",
            "HandWrittenOverload", "guarded"]

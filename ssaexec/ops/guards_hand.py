@@ -9,7 +9,7 @@ meaning of a refusal (``GuardError``: an ``OpError`` of the program's op at run 
 ``ProgramError`` at that op in validation) are ``ssaexec.ops.guards``'s.
 
 ``HAND_WRITTEN`` maps every overload a hand-written op calls to what it calls, for the
-tests (tests/test_handwritten_guards.py, tests/test_kernel_guards.py) and for readers.
+tests (tests/ops/test_handwritten_guards.py, tests/ops/test_kernel_guards.py) and for readers.
 
 This module imports every guard family, so a guard is registered before ``kernel``
 binds its overload: the kernel modules are imported (``ssaexec/ops/__init__.py``)

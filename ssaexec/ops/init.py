@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 from .registry import REQUIRED, register_op
 from .shape_rules import SAME_X
 

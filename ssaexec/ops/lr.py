@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 from .registry import register_op
 
 KINDS = ("step", "multistep", "exponential", "cosine", "piecewise", "table", "warmup")

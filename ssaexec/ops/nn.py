@@ -23,7 +23,7 @@ stops at a device-side assert (see ``lookup_table``). The kernel fuzzer
 import torch
 import torch.nn.functional as F
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from .guards import GuardError
 from .guards_hand import kernel
 from .registry import ShapeRule, register_grad, register_op

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..compat import foreach
+from ..core.compat import foreach
 from .registry import ShapeRule, register_op
 from .shape_rules import broadcast
 from .sparse import adam_rows, dense, sgd_rows
@@ -255,7 +255,7 @@ def adam(ins, attrs):
 # All updates of one kind and learning rate on one place as one ``torch._foreach_*`` pass,
 # as torch.optim does with ``foreach=True``. Each step is the same elementwise operation,
 # in the same order, as the per-parameter kernel above, so results are bit-identical
-# (tests/test_hot_path.py checks it). ``cols`` maps each input slot but LearningRate to
+# (tests/runtime/test_hot_path.py checks it). ``cols`` maps each input slot but LearningRate to
 # the list of that slot's tensors, one per op. ``skip`` is the ops' shared ``SkipUpdate``
 # (fp16 loss scaling) or None: one ``_foreach_clone`` snapshot before, one select per
 # updated tensor after (``_snapshot``, ``_restore``). The learning rate enters through the

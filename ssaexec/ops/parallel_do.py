@@ -34,16 +34,16 @@ Places come from the program file, which is untrusted (docs/security.md), and ea
 is a thread. So a file may name only places of the executor's device, the device
 of the place the op runs on (a CPU executor: ``cpu:I``; one on GPU ``D``:
 ``cuda:I/D``, never a GPU the user did not choose), and at most ``max_places``
-(``ssaexec.limits``) of them, nested ``parallel_do`` ops counted together (their
+(``ssaexec.core.limits``) of them, nested ``parallel_do`` ops counted together (their
 places multiply). Validation checks the form and the count; the kernel checks all
 of it again, before any thread starts.
 """
 
 import torch
 
-from ..errors import ProgramError
-from ..limits import get_limit
-from ..place import CPUPlace, CUDAPlace
+from ..core.errors import ProgramError
+from ..core.limits import get_limit
+from ..core.place import CPUPlace, CUDAPlace
 from .registry import get_op_def, register_grad, register_op
 
 __all__ = ["places_attr", "attr_places", "places_problem", "split_rows", "split_sizes"]
@@ -88,7 +88,7 @@ def places_problem(attrs):
     if len(strs) > limit:
         return (f"parallel_do names {len(strs)} places, more than the {limit} a program may "
                 "run one op on (the limit max_places; raise it with SSAEXEC_MAX_PLACES=N "
-                "or ssaexec.limits.set_limits(max_places=N) if the program is trusted)")
+                "or ssaexec.core.limits.set_limits(max_places=N) if the program is trusted)")
     try:
         attr_places(strs)
     except ValueError as e:

@@ -23,7 +23,7 @@ and an op's attributes pass ``attr_problem``: no ``generator`` (random ops draw
 from the place's seeded generator, never from one the file names), no
 ``pin_memory=true`` (page-locked host memory), no device (ops run on their
 place), size expressions in the language of ``ssaexec.ops.size_expr``, and
-literal sizes within ``max_tensor_elements`` (``ssaexec.limits``).
+literal sizes within ``max_tensor_elements`` (``ssaexec.core.limits``).
 
 A type that breaks the policy is a ``ProgramError`` when the file is read
 (``ssaexec.program.serialize``/``text`` call ``op_problem`` with the op's
@@ -39,8 +39,8 @@ that needs it; the rules still apply to it.
 
 import re
 
-from ..errors import ProgramError
-from ..limits import get_limit, numel_problem, shape_problem
+from ..core.errors import ProgramError
+from ..core.limits import get_limit, numel_problem, shape_problem
 
 __all__ = ["ALLOWED", "CORE_ATEN", "IMPORTER_EXTRAS", "DENIED_FAMILIES", "RULE",
            "is_allowed", "denial", "schema_problem", "attr_problem", "op_problem",

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ..compat import SDPA_CPU, SDPA_CPU_BACKWARD
+from ..core.compat import SDPA_CPU, SDPA_CPU_BACKWARD
 
 __all__ = ["PORTABLE", "PortableOverload", "portable"]
 

@@ -23,7 +23,7 @@ gradient is made. Policy:
   distinct ones cost tens of seconds to validate) supply a ``ShapeRule``
   (``rule=``): an exact stand-in for the probe, its shapes by arithmetic and its
   dtypes (with the kernel's dtype checks) from one run of the kernel on one-element
-  meta tensors, cached per bounded key. ``tests/test_infer_rules.py`` holds every
+  meta tensors, cached per bounded key. ``tests/ops/test_infer_rules.py`` holds every
   rule to the probe's result, errors included.
 * The registry is a leaf: it imports no kernel module. Importing ``ssaexec.ops``
   (which any import of ``ssaexec.ops.<module>`` does first) registers the built-in
@@ -35,8 +35,8 @@ gradient is made. Policy:
 
 import torch
 
-from ..errors import ProgramError
-from ..dtypes import dtype_name, torch_dtype
+from ..core.errors import ProgramError
+from ..core.dtypes import dtype_name, torch_dtype
 
 __all__ = ["Slot", "OpDef", "ShapeRule", "register_op", "register_grad", "register_family",
            "get_op_def", "registered_ops", "infer_outputs", "probe_outputs", "REQUIRED",

@@ -3,7 +3,7 @@
 A rule (``ssaexec.ops.registry.ShapeRule``) must give exactly the probe's result.
 Its shape function sees concrete sizes (the rule runs it with each -1 as 5 and as
 7, as the probe runs the kernel), so these are torch's rules for concrete shapes.
-``tests/test_infer_rules.py`` checks every rule against the probe.
+``tests/ops/test_infer_rules.py`` checks every rule against the probe.
 """
 
 from .registry import ShapeRule

@@ -19,7 +19,7 @@ Policy: parsing and evaluation are bounded, because the text comes from an
 untrusted program file. An expression has at most ``max_expr_chars``
 characters and nests at most 32 deep; integer literals have at most 19
 digits; every intermediate value must stay within ``max_size_value`` (2**62,
-see ``ssaexec.limits``) and be finite, and the result within
+see ``ssaexec.core.limits``) and be finite, and the result within
 ``max_tensor_elements`` (it is a size, or a scalar computed from sizes);
 dividing by zero or a function outside its domain is an error. Every failure is
 a ``ProgramError`` quoting the text.
@@ -29,8 +29,8 @@ import math
 import re
 import threading
 
-from ..errors import ProgramError
-from ..limits import get_limit
+from ..core.errors import ProgramError
+from ..core.limits import get_limit
 
 __all__ = ["FUNCS", "parse_size_expr"]
 

@@ -10,7 +10,7 @@ same kernel, ``embedding_backward``).
 What handles a sparse gradient on its way:
 
 * the graph's all-reduce of it gathers rows and values from every place
-  (``runtime.collective``, and across processes ``runtime.dist_collective``) and
+  (``runtime.collective``, and across processes ``dist.group_collective``) and
   coalesces them: the sum, still sparse; buckets of fused all-reduces leave sparse
   gradients out (``graph.build``); ``BuildStrategy(sparse_gradients=False)`` makes
   every ``is_sparse`` lookup produce a dense gradient instead;

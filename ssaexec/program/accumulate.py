@@ -18,7 +18,7 @@ samples give the gradient of the mean loss over the ``K*b`` samples. Accumulator
 persistables the executor creates as zeros (``accumulators``).
 """
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from .desc import OpDesc
 
 __all__ = ["ACC_SUFFIX", "accumulation_programs", "accumulators"]

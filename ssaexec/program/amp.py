@@ -44,8 +44,8 @@ Sub-blocks (``conditional_block``) are left as they are; they read the outer val
 whatever type those now have.
 """
 
-from ..dtypes import DTYPES
-from ..errors import ProgramError
+from ..core.dtypes import DTYPES
+from ..core.errors import ProgramError
 from ..ops.registry import EMPTY_VAR, get_op_def, infer_outputs
 from .desc import OpDesc
 

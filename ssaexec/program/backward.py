@@ -15,7 +15,7 @@ Policy:
   forward); otherwise the gradient would be ambiguous and we say so.
 """
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..ops.registry import get_op_def
 from .desc import EMPTY_VAR, grad_var_name
 

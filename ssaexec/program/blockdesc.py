@@ -13,7 +13,7 @@ discipline):
 
 from collections.abc import Sequence
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from .elements import OpDesc, VarDesc, normalize_attr, set_slot
 
 __all__ = ["OpList", "BlockDesc"]

@@ -11,8 +11,8 @@ its ops refer to, into another program, renumbering the ``BlockRef`` attributes;
 
 import copy
 
-from ..errors import ProgramError
-from ..limits import depth_problem
+from ..core.errors import ProgramError
+from ..core.limits import depth_problem
 from .builder import default_main_program
 from .desc import EMPTY_VAR, renumber_block_refs
 

@@ -6,7 +6,7 @@ make one kernel call cost far more than the bytes that ask for it:
 
 * **ranks**: torch's elementwise meta kernels take time cubic in the rank (a
   rank-2000 input cost 240 s). Every declared shape is capped at ``max_rank`` by
-  ``ssaexec.limits.shape_problem``; ``rank_attr_problem`` caps every attribute
+  ``ssaexec.core.limits.shape_problem``; ``rank_attr_problem`` caps every attribute
   that lists one entry per dimension (``shape``, ``axes``, ``strides``, an ATen
   op's ``size``/``dims``/``kernel_size`` ...) at ``max_rank`` entries, and those
   that list two per dimension (``paddings``, ``pad``, ``padding``) at twice that.
@@ -32,7 +32,7 @@ attribute entry. Messages name the attribute and end with how to raise the limit
 
 import math
 
-from ..limits import get_limit, rank_problem
+from ..core.limits import get_limit, rank_problem
 
 __all__ = ["rank_attr_problem", "count_problem"]
 

@@ -16,7 +16,7 @@ thread-local: build programs from one thread at a time.
 
 import contextlib
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..ops.registry import get_op_def, infer_outputs
 from .desc import Program
 

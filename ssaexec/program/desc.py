@@ -54,8 +54,8 @@ import contextlib
 import copy
 import types
 
-from ..dtypes import DTYPES, dtype_name, torch_dtype
-from ..errors import ProgramError
+from ..core.dtypes import DTYPES, dtype_name, torch_dtype
+from ..core.errors import ProgramError
 from ..ops.registry import EMPTY_VAR, get_op_def
 from .blockdesc import BlockDesc, OpList
 from .elements import (GRAD_SUFFIX, ROLES, BlockRef, OpDesc, VarDesc, grad_var_name,

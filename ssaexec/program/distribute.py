@@ -22,7 +22,7 @@ parameters: received back), and the program is split into
   (renamed ``NAME.blockK``), and every op of the block that belongs to no one
   parameter (a learning-rate schedule, the step counter, with their sub-blocks),
   which each server runs for itself; a ``listen_and_serv`` op in block 0 runs it
-  for the trainers (``ops.comm``).
+  for the trainers (``ops.remote``).
 
 Placement. A parameter of at least ``split_threshold`` elements (and at least P
 rows) is split along dim 0 into P pieces, piece K on server K, with the optimizer
@@ -46,7 +46,7 @@ import copy
 import json
 import os
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..ops.parallel_do import split_sizes
 from .blocks import SubBlockBuilder, copy_op, outer_io, prune_blocks
 from .desc import EMPTY_VAR, BlockRef, Program

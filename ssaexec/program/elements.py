@@ -17,8 +17,8 @@ Policy and invariants:
 
 import torch
 
-from ..dtypes import dtype_name
-from ..errors import ProgramError
+from ..core.dtypes import dtype_name
+from ..core.errors import ProgramError
 from ..ops.registry import EMPTY_VAR
 
 __all__ = ["ROLES", "GRAD_SUFFIX", "grad_var_name", "BlockRef", "normalize_attr", "VarDesc",

@@ -15,8 +15,8 @@ wrong with it is a ``ProgramError`` naming ``PATH:LINE:COL`` where known.
 
 from pathlib import Path
 
-from ..errors import ProgramError
-from ..safe_files import NotRegularFile, atomic_write, read_input
+from ..core.errors import ProgramError
+from ..core.safe_files import NotRegularFile, atomic_write, read_input
 from .serialize import from_json, to_json
 from .text import program_from_text, program_to_text
 

@@ -17,7 +17,7 @@ import json
 import math
 import re
 
-from ..limits import get_limit
+from ..core.limits import get_limit
 
 __all__ = ["Malformed", "format_path", "is_int", "too_deep", "decode_bounded", "line_col",
            "READER",
@@ -77,7 +77,7 @@ def too_deep(text):
 def decode_bounded(text, source):
     """``READER.decode(text)`` after the nesting scan; ``ProgramError`` naming
     ``SOURCE:LINE:COL`` for text nested too deep or that is not JSON."""
-    from ..errors import ProgramError
+    from ..core.errors import ProgramError
     deep = too_deep(text)
     if deep is not None:
         line, col = line_col(text, deep)
@@ -100,7 +100,7 @@ def load_bounded(text, source):
     keys or unpaired surrogates. ``ProgramError`` naming ``SOURCE:LINE:COL`` and the
     path of the value at fault otherwise.
     """
-    from ..errors import ProgramError
+    from ..core.errors import ProgramError
     doc = decode_bounded(text, source)
     try:
         check_values(doc, [])

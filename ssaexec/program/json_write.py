@@ -29,7 +29,7 @@ Policy and invariants:
 import json
 import math
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from .elements import BlockRef
 
 __all__ = ["SCHEMA", "VERSION", "TOP_KEYS", "BLOCK_KEYS", "VAR_KEYS", "OP_KEYS",

@@ -5,7 +5,7 @@ Each layer returns the ``VarDesc`` of its output. Parameters are named
 weights of ``fc`` are ``[in, out]`` as in Paddle's ``mul``.
 """
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from . import initializer as init
 from .desc import dtype_name
 from .builder import append_op, create_parameter, create_persistable, default_main_program, \

@@ -16,7 +16,7 @@ CosineAnnealingLR, LambdaLR) and Paddle's ``LinearWarmup``/``PiecewiseDecay``: s
 ``optimizer.step(); scheduler.step()`` does.
 """
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from . import initializer as init
 from .builder import create_persistable, default_main_program, default_startup_program
 

@@ -7,7 +7,7 @@ are persistable vars named after their parameter and initialised in the startup
 program. Update rules match ``torch.optim`` (see ``ssaexec.ops.optim``).
 """
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from . import initializer as init
 from . import lr
 from .backward import append_backward

@@ -34,16 +34,16 @@ the op feeds them) and travel from the forward op as ``Saved`` vars, one per
 Background prefetch (seed: "prefetch the input onto different devices in a
 separate background thread"): ``read_input(x, prefetch=True)`` on a data var
 declares one data var per place, ``X@PLACE@K``, which the op passes to place ``K``
-as the block's ``X@PLACE`` without splitting or copying; ``se.prefetch.PrefetchLoader``
+as the block's ``X@PLACE`` without splitting or copying; ``se.data.prefetch.PrefetchLoader``
 splits each batch and copies the slices to the places' devices in a background thread.
 """
 
 import contextlib
 import copy
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..ops.parallel_do import places_attr
-from ..place import Place, parse_places
+from ..core.place import Place, parse_places
 from .backward import append_grad_ops, register_block_grad
 from .blocks import SubBlockBuilder, outer_io
 from .desc import EMPTY_VAR, BlockRef, register_test_rewrite
@@ -108,7 +108,7 @@ class ParallelDo(SubBlockBuilder):
         """Split outer var ``var`` along dim 0 over the places; returns the var to use inside.
 
         With ``prefetch`` (a data var only), the places' slices are fed as the data vars
-        ``X@PLACE@K`` (``se.prefetch.PrefetchLoader`` makes them in the background).
+        ``X@PLACE@K`` (``se.data.prefetch.PrefetchLoader`` makes them in the background).
         """
         self._check_inside("read_input")
         name = var if isinstance(var, str) else var.name

@@ -28,8 +28,8 @@ Policy and invariants:
 import json
 import math
 
-from ..errors import ProgramError
-from ..limits import depth_problem, shape_problem
+from ..core.errors import ProgramError
+from ..core.limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
 from .bounds import rank_attr_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc

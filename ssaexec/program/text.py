@@ -56,8 +56,8 @@ import json
 import math
 import re
 
-from ..errors import ProgramError
-from ..limits import depth_problem, get_limit, shape_problem
+from ..core.errors import ProgramError
+from ..core.limits import depth_problem, get_limit, shape_problem
 from ..ops.policy import op_problem
 from .bounds import rank_attr_problem
 from .desc import DTYPES, ROLES, BlockRef, OpDesc, ProgramDesc, VarDesc

@@ -13,7 +13,7 @@ string; floats print with ``repr`` (bit-exact, and always with ``.``, ``e``, ``i
 import json
 import re
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from .elements import BlockRef
 from .json_write import VERSION
 

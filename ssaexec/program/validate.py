@@ -30,7 +30,7 @@ Untrusted programs (docs/security.md): step 1 resolves ``aten.*`` types only
 through the operator policy (``ssaexec.ops.policy``), step 4 applies its
 attribute rules (and step 5 checks that an ATen op's ``@sym`` entries name
 existing input dimensions), declared shapes and inferred outputs must stay within
-``max_tensor_elements`` and ``max_rank`` (``ssaexec.limits``, -1 counted as 1), blocks may nest
+``max_tensor_elements`` and ``max_rank`` (``ssaexec.core.limits``, -1 counted as 1), blocks may nest
 at most ``max_block_depth`` deep (checked first, before any walk over blocks),
 and inference runs on meta tensors only: validating never allocates a real tensor.
 An op read from a file with lines carries its position (``OpDesc.pos``); its
@@ -51,8 +51,8 @@ what the executor guarantees. Blocks no op refers to are checked last with
 every write of their ancestors visible (lenient: nothing says when they run).
 """
 
-from ..errors import ProgramError
-from ..limits import depth_problem, shape_problem
+from ..core.errors import ProgramError
+from ..core.limits import depth_problem, shape_problem
 from ..ops.policy import op_problem
 from ..ops.registry import EMPTY_VAR, REQUIRED, check_attr, get_op_def, infer_outputs
 from .bounds import count_problem, rank_attr_problem

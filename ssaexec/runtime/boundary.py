@@ -59,8 +59,8 @@ skipping it would save nothing measurable, and its values can still come from a 
 
 import torch
 
-from ..dtypes import DTYPES
-from ..errors import FeedError, ProgramError
+from ..core.dtypes import DTYPES
+from ..core.errors import FeedError, ProgramError
 
 __all__ = ["check_value", "check_values", "check_movable", "entering_vars", "startup_source", "EntryCheck",
            "FEED", "SCOPE", "SET_VAR"]

@@ -39,13 +39,13 @@ import linecache
 
 import torch
 
-from ..errors import OpError, SSAExecError
-from ..limits import _LIMITS, cap_sizes, check_result
+from ..core.errors import OpError, SSAExecError
+from ..core.limits import _LIMITS, cap_sizes, check_result
 from ..ops import aten as _aten
 from ..ops.init import DEVICE_KERNELS
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
 from ..program.desc import EMPTY_VAR
 from .fusion import plan_fusion

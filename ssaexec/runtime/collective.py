@@ -9,19 +9,19 @@ for the sum and copied back. Sparse gradients (``ops.sparse``) are summed by
 gathering every place's rows and values (``gather_sparse``), never densified.
 That is the one sparse policy of every backend: the NCCL collectives
 (``runtime.nccl``) hand sparse tensors to this class's methods (NCCL moves dense
-buffers only), and ``runtime.dist_collective`` gathers every rank's rows the same
+buffers only), and ``dist.group_collective`` gathers every rank's rows the same
 way. ``is_sparse_collective`` tells which path a list of tensors takes.
 
 A collective backend is any object with these methods (``label`` names the
 graph op for error messages; ``begin_step`` is called before a step's first
 collective; ``close`` when the executor closes, after its workers are joined):
-``runtime.dist_collective.ProcessGroupCollective`` extends this one across
+``dist.group_collective.ProcessGroupCollective`` extends this one across
 processes (its ``close`` leaves the process group alone: ``se.distributed`` owns it).
 """
 
 import torch
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from ..ops.sparse import sum_rows
 
 __all__ = ["LocalCollective", "gather_sparse", "is_sparse_collective"]

@@ -55,8 +55,8 @@ import warnings
 
 import torch
 
-from .. import compat
-from ..errors import SSAExecError
+from ..core import compat
+from ..core.errors import SSAExecError
 from ..graph.ssa import ComputationOpHandle
 from ..ops.registry import get_op_def
 from .rng import needs_step_seed

@@ -15,7 +15,7 @@ functions (``Runner.fns``, one per handle), and every op is scheduled, timed
 and traced on its own.
 """
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from .handle_calls import handle_fn
 from .runner import Runner
 

@@ -21,8 +21,8 @@ import functools
 
 import torch
 
-from ..dtypes import torch_dtype
-from ..errors import OpError, SSAExecError
+from ..core.dtypes import torch_dtype
+from ..core.errors import OpError, SSAExecError
 from ..graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, CollectiveOpHandle,
                          ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 from .op_call import OpCall

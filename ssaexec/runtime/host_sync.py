@@ -41,8 +41,8 @@ import warnings
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..compat import TorchDispatchMode
-from ..errors import SSAExecError
+from ..core.compat import TorchDispatchMode
+from ..core.errors import SSAExecError
 
 __all__ = ["HostSyncDetector", "HostSync", "Allowed", "ALLOWED", "HostSyncError",
            "HostSyncWarning", "KINDS", "CUDA_SYNC_REPORT", "split_cuda_log"]
@@ -87,7 +87,7 @@ class HostSyncWarning(UserWarning):
 class Allowed:
     """A finding allowed by design: its ``kind``, a source file on the stack, and why.
 
-    ``where`` is a path inside the package (``"ssaexec/feed.py"``), optionally with a
+    ``where`` is a path inside the package (``"ssaexec/data/feed.py"``), optionally with a
     function's qualified name (``"ssaexec/ops/optim.py:_minus_lr"``, which covers the
     functions nested in it too), matched against every ssaexec frame on the stack.
     """
@@ -132,17 +132,17 @@ class HostSync:
 
 
 ALLOWED = (
-    Allowed("copy to device", "ssaexec/feed.py",
+    Allowed("copy to device", "ssaexec/data/feed.py",
             "a step's inputs come from the host: the feed is the one host-to-device copy "
             "a step needs (non-blocking; asynchronous when the feed is pinned, as "
             "se.DataLoader's are)"),
-    Allowed("host tensor", "ssaexec/feed.py",
+    Allowed("host tensor", "ssaexec/data/feed.py",
             "feeds given as numpy arrays or lists become tensors on the host, then move"),
     Allowed("default device", "ssaexec/runtime/handle_calls.py:HandleCalls._fetch_fn",
             "the fetch's buffer is pinned host memory by design (torch.empty(pin_memory=))"),
     Allowed("copy to host", "ssaexec/runtime/handle_calls.py:HandleCalls._fetch_fn",
             "the fetch: the one read back a step has by design"),
-    Allowed("copy to host", "ssaexec/executor.py:Executor.run",
+    Allowed("copy to host", "ssaexec/execution/executor.py:Executor.run",
             "the sequential executor's fetch, after the step: the read back by design"),
     Allowed("host read", "ssaexec/ops/optim.py:_minus_lr",
             "CPU only by design: an update reads its lr as a number only when the lr is a "
@@ -166,10 +166,10 @@ ALLOWED = (
             "sparse gradients (embedding is_sparse=True) hold the rows a batch touched: "
             "coalescing them sizes by the data, a sync per step on a GPU that is the price of "
             "sparse updates (a dense gradient has none)"),
-    Allowed("cuda sync", "ssaexec/feed.py",
+    Allowed("cuda sync", "ssaexec/data/feed.py",
             "a feed in pageable host memory is copied synchronously (feed pinned tensors, "
             "or use se.DataLoader, to make it asynchronous)"),
-    Allowed("cuda sync", "ssaexec/executor.py:Executor.run",
+    Allowed("cuda sync", "ssaexec/execution/executor.py:Executor.run",
             "the sequential executor's fetch, after the step: the read back by design"),
     Allowed("cuda sync", "ssaexec/runtime/streams.py",
             "the end of a step waits for its streams (finish) so the fetch is complete"),

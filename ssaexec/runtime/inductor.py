@@ -98,9 +98,9 @@ import time
 
 import torch
 
-from .. import compat
-from ..compat import TorchDispatchMode
-from ..errors import OpError, SSAExecError
+from ..core import compat
+from ..core.compat import TorchDispatchMode
+from ..core.errors import OpError, SSAExecError
 from ..ops.guards import TRACED, GuardError
 from ..ops.optim import LR_AS_TENSOR
 from ..ops.registry import get_op_def

@@ -7,7 +7,7 @@ because an allocation inside the step crossed its threshold), the
 ``KeyboardInterrupt`` it raises is printed as "Exception ignored in ..." and
 lost: the step goes on and returns normally, and the user's Ctrl-C did nothing.
 An executor left unclosed by earlier code joins its worker threads in such a
-finalizer, which makes the window wide (``tests/test_faults.py`` shows it).
+finalizer, which makes the window wide (``tests/core/test_faults.py`` shows it).
 
 Policy. ``hold()`` is entered around a step (``ParallelExecutor.run``,
 ``Executor.run``, ``Scheduler.run``). In the main thread, over Python's default

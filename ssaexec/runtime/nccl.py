@@ -24,7 +24,7 @@ indices alone, before anything touches CUDA or imports cupy:
   ``torch.version.cuda``).
 
 Processes are not this module's business: a multi-process run uses
-``runtime.dist_collective.ProcessGroupCollective`` (torch.distributed).
+``dist.group_collective.ProcessGroupCollective`` (torch.distributed).
 
 The decision (``plan_backend``), the dtype table (``NCCL_DTYPES``) and the
 messages (``install_hint``, ``describe_plan``) are pure and tested on CPU;
@@ -44,8 +44,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..compat import has_torch_nccl
-from ..errors import SSAExecError
+from ..core.compat import has_torch_nccl
+from ..core.errors import SSAExecError
 from .collective import LocalCollective, is_sparse_collective
 
 __all__ = ["CupyNcclCollective", "TorchNcclCollective", "choose_local_collective",

@@ -16,8 +16,8 @@ module stays the bottom of the runtime. Without one, ``run_places`` raises.
 
 import torch
 
-from ..errors import OpError, ProgramError, SSAExecError
-from ..limits import _LIMITS, check_result, depth_problem
+from ..core.errors import OpError, ProgramError, SSAExecError
+from ..core.limits import _LIMITS, check_result, depth_problem
 from ..ops.init import DEVICE_KERNELS
 from ..ops.registry import get_op_def
 from ..program.desc import EMPTY_VAR

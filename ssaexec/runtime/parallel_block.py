@@ -32,11 +32,11 @@ import copy
 import threading
 import weakref
 
-from ..errors import ProgramError
+from ..core.errors import ProgramError
 from ..graph.build import build_ssa_graph
-from ..limits import depth_problem
+from ..core.limits import depth_problem
 from ..program.desc import Program
-from ..strategy import BuildStrategy
+from ..core.strategy import BuildStrategy
 from .collective import LocalCollective
 from .compiled import CompiledRunner
 from .scheduler import Scheduler
@@ -50,7 +50,7 @@ class _PlaceScope(Scope):
 
     ``depth`` counts the sub-block runs it is nested in and ``fanout`` the places
     running side by side at this level (the product over the enclosing
-    ``parallel_do`` runs): the op checks both against ``ssaexec.limits``.
+    ``parallel_do`` runs): the op checks both against ``ssaexec.core.limits``.
     """
 
     __slots__ = ("outer", "depth", "fanout")

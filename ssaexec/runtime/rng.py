@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-from ..compat import custom_op
+from ..core.compat import custom_op
 
 __all__ = ["op_seed", "seeded", "needs_step_seed", "seeded_call", "register_call"]
 

@@ -33,7 +33,7 @@ the fetched values are complete; each device's current stream waits, on the
 GPU, for the whole step (``StreamSync.finish``).
 """
 
-from ..errors import CommitError, SSAExecError
+from ..core.errors import CommitError, SSAExecError
 from .handle_calls import HandleCalls, collective_signature
 from .plan import build_plan, processes_of
 

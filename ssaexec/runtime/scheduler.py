@@ -36,7 +36,7 @@ for debugging. Otherwise the caller is one of the ``num_threads`` workers and
 import queue
 import threading
 
-from ..errors import GraphError, SSAExecError
+from ..core.errors import GraphError, SSAExecError
 from ..graph.ssa import topo_sort
 from . import interrupt
 

@@ -21,8 +21,10 @@ docs/simulator.md explains the model and its validation against measured runs.
 """
 
 from .cluster import PRESETS, Cluster, Device, Host, Link, get_cluster
-from .comm import (collective_time, hierarchical_all_reduce, ring_all_reduce, ring_broadcast,
-                   ring_reduce, tree_all_reduce)
+from .comm_cost import (
+    collective_time, hierarchical_all_reduce, ring_all_reduce, ring_broadcast, ring_reduce,
+    tree_all_reduce
+)
 from .engine import SimResult, simulate_step
 from .predict import LAYOUTS, Prediction, predict, scaling, sweep_bucket_mb
 from .profile import OpCost, Profile, op_key

@@ -49,7 +49,7 @@ import time
 
 import torch
 
-from ..compat import cuda_sleep
+from ..core.compat import cuda_sleep
 from .cluster import Cluster, Device, Host, Link
 
 __all__ = ["calibrate_host", "local_sum_sweep", "gloo_sweep", "gloo_burst",
@@ -87,10 +87,10 @@ def _chain_program(n_ops):
 
 
 def _executor(main, out, place=None, **strategy):
-    from ..parallel_executor import ParallelExecutor
-    from ..place import CPUPlace
+    from ..execution.parallel_executor import ParallelExecutor
+    from ..core.place import CPUPlace
     from ..runtime.scope import Scope
-    from ..strategy import ExecutionStrategy
+    from ..core.strategy import ExecutionStrategy
     return ParallelExecutor(places=[place or CPUPlace(0)], main_program=main, scope=Scope(),
                             exec_strategy=ExecutionStrategy(**strategy), distributed=False)
 
@@ -148,7 +148,7 @@ def parallel_speedup(max_cores=None, seconds=0.15, repeats=5):
     caches, memory bandwidth or hyper-threads give when all are busy."""
     import torch.nn.functional as F
 
-    from ..place import available_cores
+    from ..core.place import available_cores
     max_cores = max_cores or available_cores()
     x = torch.randn(8, 16, 32, 32, requires_grad=True)
     w = torch.randn(16, 16, 3, 3, requires_grad=True)
@@ -202,7 +202,7 @@ def calibrate_host(n_ops=300, runs=20, default_gil=0.4, place=None):
     one torch thread, and the ``speedup`` of k cores (CPU places; ``{}`` on a CUDA
     ``place``, whose chain's launches are what is timed); returns a dict (module
     docstring)."""
-    from ..trace import OpTimer
+    from ..execution.step_trace import OpTimer
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -383,7 +383,7 @@ def cpu_cluster(host, local, gloo=None, cores=None, name=None, burst=None):
     and the latency is what makes an all-reduce of that size take its time in the
     burst).
     """
-    from ..place import available_cores
+    from ..core.place import available_cores
     cores = cores or available_cores()
     speedup = host.get("speedup") or {}
     efficiency = min(1.0, speedup.get(cores, speedup.get(str(cores), cores)) / cores)
@@ -485,7 +485,7 @@ def gpu_cluster(host, local, device, name=None):
     CUDA place)``), ``local`` (``local_sum_sweep(device=...)``) and ``device``
     (``gpu_device()``). Places sharing the GPU all-reduce with ``local_sum``; the
     links stand for it too (one GPU has no NCCL link to measure)."""
-    from ..place import available_cores
+    from ..core.place import available_cores
     alpha, bw = _fit_local(local)
     link = Link(bw, alpha)
     return Cluster(

@@ -6,7 +6,7 @@ direction per device, latency per message step) and the nodes over ``inter`` (th
 node's whole network bandwidth, all NICs together, and the per-step latency); the
 ``host`` (CPU cores, the time an op's launch takes and how much of it holds the GIL,
 the scheduler's hand-off latency) drives them. The collective cost models read it
-(``ssaexec.sim.comm``); the engine reads the host and device parts.
+(``ssaexec.sim.comm_cost``); the engine reads the host and device parts.
 
 The presets' figures and where they come from are in ``PRESETS[name].sources`` and
 in docs/simulator.md. A CPU cluster for this machine is not a preset: it is measured
@@ -17,7 +17,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 
 __all__ = ["Link", "Device", "Host", "Cluster", "PRESETS", "get_cluster"]
 
@@ -288,7 +288,7 @@ def get_cluster(name_or_path):
     import os
 
     from ..program.json_scan import load_bounded
-    from ..safe_files import read_regular
+    from ..core.safe_files import read_regular
     if os.path.exists(name_or_path):
         try:  # a regular file (a FIFO is refused, not waited on), bounded like a program
             text = read_regular(name_or_path).decode("utf-8")

@@ -5,7 +5,7 @@ Policy: analytical, memory-bound estimates from the cluster's device and host
 figures; the constants below are per optimizer, assumed where no figure is cited.
 """
 
-from ..dtypes import torch_dtype
+from ..core.dtypes import torch_dtype
 
 __all__ = ["FOREACH", "FOREACH_GPU", "FOREACH_PER_TENSOR_S", "UPDATED", "foreach_cost",
            "wire_bytes"]

@@ -3,7 +3,7 @@
 What is replayed. Every process of a data-parallel run holds the same places running
 the same graph, so one process stands for all: its SSA graph (``P`` local places)
 is replayed against the resources it really contends for, and each collective costs
-what the α-β models (``ssaexec.sim.comm``) say it costs on all ``P x processes`` ranks.
+what the α-β models (``ssaexec.sim.comm_cost``) say it costs on all ``P x processes`` ranks.
 
 The model, resource by resource:
 
@@ -59,13 +59,13 @@ import heapq
 import weakref
 from collections import deque
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 from ..graph.ssa import (AllReduceWaitOpHandle, CollectiveOpHandle, ComputationOpHandle,
                          FetchOpHandle, ScaleLossGradOpHandle)
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
 from ..runtime.plan import build_plan
-from .comm import collective_time, cost_model
+from .comm_cost import collective_time, cost_model
 from .costs import foreach_cost, wire_bytes
 from .profile import OpCost
 from .result import Activity, SimResult
@@ -340,7 +340,7 @@ class _Replay:
 
     def collective(self, thread, h):
         nbytes = wire_bytes(h, self.graph.program)
-        model = cost_model(h)  # the handle's class names its cost model (sim.comm)
+        model = cost_model(h)  # the handle's class names its cost model (sim.comm_cost)
         is_async = model.splits and h.wait is not None
         label = h.name
         P = self.P
@@ -589,7 +589,7 @@ def simulate_step(graph, profile, cluster, processes=1, compiled=True, cuda_grap
     inline : bool
         Run everything in the caller's thread.
     algorithm : str
-        All-reduce algorithm (``ssaexec.sim.comm.ALGORITHMS``).
+        All-reduce algorithm (``ssaexec.sim.comm_cost.ALGORITHMS``).
     comm : bool
         False: collectives cost nothing (to see how much communication is exposed).
     """

@@ -22,7 +22,7 @@ falls as ranks per node grow.
 
 from dataclasses import dataclass, field
 
-from ..errors import SSAExecError
+from ..core.errors import SSAExecError
 
 __all__ = ["InputPipeline", "PIPELINES", "get_pipeline", "input_cost"]
 

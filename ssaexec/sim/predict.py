@@ -30,8 +30,8 @@ import copy
 import math
 
 from ..graph.build import build_ssa_graph
-from ..place import CPUPlace, CUDAPlace
-from ..strategy import BuildStrategy
+from ..core.place import CPUPlace, CUDAPlace
+from ..core.strategy import BuildStrategy
 from .efficiency import interference
 from .engine import simulate_step
 from .input_pipeline import input_cost

@@ -37,8 +37,8 @@ import math
 import re
 import statistics
 
-from ..errors import SSAExecError
-from ..safe_files import read_regular
+from ..core.errors import SSAExecError
+from ..core.safe_files import read_regular
 from ..graph.ssa import (HANDLE_KINDS, AllReduceWaitOpHandle, CollectiveOpHandle,
                          ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 
@@ -251,13 +251,13 @@ class Profile:
         """
         import torch
 
-        from ..parallel_executor import ParallelExecutor
-        from ..place import CPUPlace
+        from ..execution.parallel_executor import ParallelExecutor
+        from ..core.place import CPUPlace
         from ..program.defaults import default_startup, loss_var
         from ..runtime.scope import Scope
-        from ..strategy import ExecutionStrategy
-        from ..synthetic import synthetic_feed
-        from ..trace import OpTimer
+        from ..core.strategy import ExecutionStrategy
+        from ..data.synthetic import synthetic_feed
+        from ..execution.step_trace import OpTimer
         place = place or CPUPlace(0)
         loss = loss or loss_var(program)
         if loss is None:
@@ -291,7 +291,7 @@ class Profile:
                 copies = _alias_copies(pe.graph([loss]), batch)
                 costs = {k: OpCost(max(0.0, d - readable_extra_s - copies.get(k, 0.0)))
                          for k, d in first.items()}
-                from ..place import available_cores
+                from ..core.place import available_cores
                 k = available_cores() // threads
                 sbs = _side_by_side(program, startup, loss, feed, threads, k) \
                     if side_by_side and 2 <= k <= MAX_SIDE_BY_SIDE else None
@@ -501,7 +501,7 @@ def _bytes(block, name, batch):
     var = block.find_var(name)
     if var is None:
         return 0
-    from ..dtypes import torch_dtype
+    from ..core.dtypes import torch_dtype
     return _numel(var, batch) * torch_dtype(var.dtype).itemsize
 
 
@@ -547,10 +547,10 @@ def _side_by_side(program, startup, loss, feed, threads, copies, steps=4, rounds
 
     import torch
 
-    from ..parallel_executor import ParallelExecutor
-    from ..place import CPUPlace
+    from ..execution.parallel_executor import ParallelExecutor
+    from ..core.place import CPUPlace
     from ..runtime.scope import Scope
-    from ..strategy import ExecutionStrategy
+    from ..core.strategy import ExecutionStrategy
     strategy = ExecutionStrategy(num_threads=1, torch_threads=threads)
     pes = [ParallelExecutor(places=[CPUPlace(0)], main_program=program,
                             startup_program=startup, loss_name=loss, exec_strategy=strategy,

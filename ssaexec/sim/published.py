@@ -20,8 +20,8 @@ Policy:
 
 import json
 
-from ..errors import SSAExecError
-from ..strategy import BuildStrategy
+from ..core.errors import SSAExecError
+from ..core.strategy import BuildStrategy
 from .cluster import get_cluster
 from .input_pipeline import get_pipeline
 from .predict import predict
@@ -44,7 +44,7 @@ def build_model(name, seq_len=128):
     """The training program of a published row's model (momentum SGD for the CNNs,
     Adam standing in for BERT's LAMB: both update every parameter with a few
     memory-bound passes)."""
-    from ..models import build_bert, build_resnet, make_optimizer
+    from ..program.example_models import build_bert, build_resnet, make_optimizer
     if name in ("resnet50", "resnet101"):
         return build_resnet(int(name[6:]), 224, 1000,
                             optimizer=make_optimizer("momentum", 0.1))[0]

@@ -29,7 +29,7 @@ The modules, one step each:
 Policy: Paddle files are untrusted data (docs/security.md). Reading one parses it
 and nothing else: no code from the file runs, no file but the ones named is
 opened (a parameter directory is only read at ``DIR/<var name>`` for plain var
-names), sizes are bounded by ``ssaexec.limits`` before anything is allocated, and
+names), sizes are bounded by ``ssaexec.core.limits`` before anything is allocated, and
 the converted program goes through ``validate()`` and so the operator policy.
 ``protobuf`` is an optional dependency (``pip install 'ssaexec[paddle]'``); it is
 imported when the first Paddle file is read.
@@ -52,12 +52,12 @@ import collections
 import os
 from pathlib import Path
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...ops.aten import encode_bytes
 from ...program.desc import Program, register_test_rewrite
 from ...program.io import register_reader, register_sniffer
 from ...runtime.boundary import check_value
-from ...safe_files import NotRegularFile, open_regular, read_regular
+from ...core.safe_files import NotRegularFile, open_regular, read_regular
 from .convert import convert_program, unsupported_ops
 from .evalmode import to_inference
 from .finetune import finetune

@@ -40,7 +40,7 @@ Only block 0 is converted: the ops that own sub-blocks (``while``,
 unmapped op and fails in step 1.
 """
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...ops.registry import EMPTY_VAR, get_op_def, infer_outputs
 from ...program.bounds import count_problem, rank_attr_problem
 from ...program.desc import GRAD_SUFFIX, Program, VarDesc

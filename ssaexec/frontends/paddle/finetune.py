@@ -14,7 +14,7 @@ ops imported in inference form (dropout as a scale, batch norm on running
 statistics) stay so: fine-tuning updates the weights, not the mode.
 """
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...program import layers as L
 from ...program import optimizer as opt
 from ...program.builder import program_guard

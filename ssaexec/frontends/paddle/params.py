@@ -21,7 +21,7 @@ named after it.
 
 Policy: a parameter file is untrusted data like a program file. Every length is
 checked against the bytes that are left before anything is allocated, shapes
-against ``ssaexec.limits``, and anything wrong is a ``ProgramError`` naming the
+against ``ssaexec.core.limits``, and anything wrong is a ``ProgramError`` naming the
 file, the record (and var) and the byte offset. Var names become file names only
 inside the given directory: a name with a path separator, ``.`` or ``..`` is
 refused, so a program cannot make the reader open files elsewhere.
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from ...dtypes import dtype_name, torch_dtype
-from ...errors import ProgramError
-from ...limits import shape_problem
-from ...safe_files import atomic_write, read_input
+from ...core.dtypes import dtype_name, torch_dtype
+from ...core.errors import ProgramError
+from ...core.limits import shape_problem
+from ...core.safe_files import atomic_write, read_input
 from .reader import DTYPE_CODES, DTYPES, parse_message
 from .schema import messages
 

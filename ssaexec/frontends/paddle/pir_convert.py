@@ -37,7 +37,7 @@ Policy and invariants:
   its PIR op (``_PirOp.where``), so what the legacy mapping refuses names it too.
 """
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...program.json_scan import format_path
 from .reader import (DTYPE_CODES, FEED_MINIBATCH, FETCH_LIST, LOD_TENSOR, PaddleBlock,
                      PaddleOp, PaddleProgram, PaddleVar)

@@ -21,15 +21,15 @@ Policy (docs/security.md, docs/paddle.md):
   and the JSON path (``program.regions[0].blocks[0].ops[3].O[0]``);
 * SSA is checked: every value is defined once, before its uses; an op that uses a
   value defined after it (a cycle) or nowhere is refused;
-* declared shapes are bounded by ``ssaexec.limits``; unknown dialects, types and
+* declared shapes are bounded by ``ssaexec.core.limits``; unknown dialects, types and
   attribute kinds are refused by name; versions newer than ``VERSIONS`` are refused
   with the version found.
 """
 
 import re
 
-from ...errors import ProgramError
-from ...limits import shape_problem
+from ...core.errors import ProgramError
+from ...core.limits import shape_problem
 from ...program.json_scan import (Malformed, check_values, decode_bounded, format_path,
                                   locate, short, type_name)
 

@@ -18,11 +18,11 @@ Policy (docs/security.md, docs/paddle.md):
 * fields our schema does not know are skipped (newer Paddle versions add some);
   known fields with the wrong wire type are skipped by protobuf too, and the
   missing value is then reported as missing;
-* declared shapes are bounded by ``ssaexec.limits`` before anything uses them.
+* declared shapes are bounded by ``ssaexec.core.limits`` before anything uses them.
 """
 
-from ...errors import ProgramError
-from ...limits import shape_problem
+from ...core.errors import ProgramError
+from ...core.limits import shape_problem
 from ...program.desc import BlockRef
 from .schema import enum_values, messages
 from .wire import locate

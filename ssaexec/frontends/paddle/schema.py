@@ -19,7 +19,7 @@ import functools
 import re
 from pathlib import Path
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 
 __all__ = ["SCHEMA_PATH", "messages", "parse_proto", "enum_values"]
 

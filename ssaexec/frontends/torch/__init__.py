@@ -66,7 +66,7 @@ and dtypes or arguments the program format has no words for.
 
 import torch
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...program.builder import program_guard
 from ...program.desc import Program, grad_var_name, register_test_rewrite
 from .capture import capture_forward, capture_joint, check_inputs, symbolic_dims

@@ -11,10 +11,10 @@ mode (``module.eval()`` for the trace, its flags restored after), forward only
 Policy:
 
 * torch's private capture API (``aot_export_module``, fake tensors, the shape env, the
-  export state, the decomposition table) is reached through ``ssaexec.compat`` only,
+  export state, the decomposition table) is reached through ``ssaexec.core.compat`` only,
   which says what a torch version lacks; what a supported torch version traces
   differently is normalised after the trace (``normalise``: one program for one module
-  on every supported torch, tests/test_capture_golden.py).
+  on every supported torch, tests/frontends/torch/test_capture_golden.py).
 * The user's module is never changed: its parameters and buffers are swapped for
   fake copies while tracing and always restored; nothing real is computed.
 * Model code sees an export: ``torch.compiler.is_compiling()`` and
@@ -49,9 +49,9 @@ import operator
 
 import torch
 
-from ... import compat
-from ...dtypes import DTYPES
-from ...errors import ProgramError
+from ...core import compat
+from ...core.dtypes import DTYPES
+from ...core.errors import ProgramError
 from .decompose import decompositions
 from .locate import capture_error, locate_mutation
 
@@ -493,7 +493,7 @@ def normalise(gm):
     """Make what a supported torch version traces differently the same, in place.
 
     One module must import as one program on every supported torch
-    (tests/test_capture_golden.py). What differs between the versions' traces, each
+    (tests/frontends/torch/test_capture_golden.py). What differs between the versions' traces, each
     normalised to what the kernels compute on all of them:
 
     * ``aten._scaled_dot_product_flash_attention_for_cpu``: torch 2.11's fake kernel

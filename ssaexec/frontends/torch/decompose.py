@@ -26,7 +26,7 @@ Policy:
 
 import torch
 
-from ... import compat
+from ...core import compat
 
 __all__ = ["RENAMES", "ASSERTS", "SYMBOLIC_SAFE", "decompositions"]
 

@@ -34,7 +34,7 @@ Anything else is left as it is; a program without these ops (every builder
 program) is unchanged.
 """
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 from ...program.desc import EMPTY_VAR, OpDesc
 
 __all__ = ["to_inference", "inference_program"]

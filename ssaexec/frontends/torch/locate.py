@@ -35,7 +35,7 @@ import traceback
 
 import torch
 
-from ...errors import ProgramError
+from ...core.errors import ProgramError
 
 __all__ = ["UNKNOWN", "capture_error", "locate", "locate_call", "locate_mutation",
            "written_args"]
@@ -109,7 +109,7 @@ def locate(wrapper, inputs, hit, fresh_inputs=True):
     Error path only: runs a copy of the module (so buffers stay untouched)
     under a dispatch mode, with forward hooks tracking the module path.
     """
-    from ...compat import TorchDispatchMode
+    from ...core.compat import TorchDispatchMode
 
     module = wrapper.module
     try:

@@ -52,8 +52,8 @@ import operator
 
 import torch
 
-from ...dtypes import DTYPES, dtype_name
-from ...errors import ProgramError
+from ...core.dtypes import DTYPES, dtype_name
+from ...core.errors import ProgramError
 from ...ops.aten import SYM_ATTR, arg_kinds, encode_bytes, parse_size_expr
 from ...ops.schema import Unsupported
 from ...program.desc import EMPTY_VAR, grad_var_name

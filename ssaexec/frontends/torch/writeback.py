@@ -32,8 +32,8 @@ lacks, and the shape or dtype mismatches.
 
 import torch
 
-from ...dtypes import DTYPES, dtype_name
-from ...errors import ProgramError, SSAExecError
+from ...core.dtypes import DTYPES, dtype_name
+from ...core.errors import ProgramError, SSAExecError
 
 __all__ = ["write_back"]
 

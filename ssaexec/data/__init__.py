@@ -1,0 +1,1 @@
+"""Feeds: their policy, the background loaders, feed files, synthetic data."""

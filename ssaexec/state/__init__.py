@@ -1,0 +1,1 @@
+"""What a training run keeps across crashes: checkpoints and their exact resume."""

@@ -1,0 +1,1 @@
+"""The test suite; tests/<folder>/ mirrors ssaexec/<folder>/."""

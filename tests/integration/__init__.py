@@ -1,0 +1,1 @@
+"""End-to-end tests across layers: the command line, real processes, hostile files."""
