@@ -173,11 +173,14 @@ def build_strategy(args, **more):
                          gradient_scale_strategy=args.gradient_scale, **more)
 
 
-def graph_of(args):
-    """The linted SSA graph of ``args.program`` as the graph options shape it."""
+def graph_of(args, compiler=None):
+    """The linted SSA graph of ``args.program`` as the graph options shape it, built as
+    a runner under ``ExecutionStrategy(compiler=compiler)`` builds it (the compiler can
+    change the bucketing default: ``BuildStrategy.for_compiler``)."""
     program = load_program_file(args.program)
     graph = build_ssa_graph(program, places_from(args.places, need_devices=False),
-                            build_strategy(args), fetch_list(args, program))
+                            build_strategy(args).for_compiler(compiler),
+                            fetch_list(args, program))
     graph.lint()
     return graph
 

@@ -211,3 +211,29 @@ def test_last_uses_is_the_last_reader_or_the_first_writer():
     writes = [["b"], ["c"], ["d"], ["d"]]
     assert last_uses(reads) == {"a": 1, "b": 3}
     assert last_uses(reads, writes) == {"a": 1, "b": 3, "c": 1, "d": 2}
+
+
+def test_stats_under_a_compiler_reports_the_graph_that_compiler_runs(capsys):
+    # `ssaexec stats --compiler inductor` must summarise the graph the Inductor runner is
+    # given: under a compiler the gradients go in buckets (BuildStrategy.for_compiler), so
+    # a graph built with the plain strategy has other collectives and other segments
+    import json
+    from pathlib import Path
+    from ssaexec.cli import main as cli_main
+    from ssaexec.cli.common import load_program_file, loss_var
+    path = str(Path(__file__).resolve().parents[2] / "examples" / "seed_mlp.json")
+    assert cli_main(["stats", path, "--places", "2", "--compiler", "inductor",
+                     "--format", "json"]) in (0, None)
+    reported = json.loads(capsys.readouterr().out)["compiler"]["segments"]
+    program = load_program_file(path)
+    startup = load_program_file(path.replace(".json", ".startup.json"))
+    pe = se.ParallelExecutor(places=se.cpu_places(2), main_program=program,
+                             startup_program=startup, loss_name=loss_var(program),
+                             exec_strategy=se.ExecutionStrategy(compiler="inductor"))
+    runner = pe._runner((loss_var(program),))
+    ran = sum(1 for k in _keys(runner) if k[0] == "Segment")
+    assert reported == ran
+    # and the plain graph differs, so this test can fail
+    plain = se.build_ssa_graph(program, se.cpu_places(2), se.BuildStrategy(),
+                               fetch_list=[loss_var(program)])
+    assert inductor_summary(plain)["segments"] != ran
