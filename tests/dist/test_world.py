@@ -23,7 +23,7 @@ from ssaexec.dist import world as dist
 from ssaexec.dist.group_collective import describe_collective
 
 import dist_worker as W
-from ports import free_port
+from tests.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "dist_worker.py")

@@ -18,7 +18,7 @@ from ssaexec.ops.registry import get_op_def
 from ssaexec.ops.sparse import nbytes
 from ssaexec.execution.step_trace import trace_steps
 
-from ports import free_port
+from tests.ports import free_port
 
 VOCAB, DIM, SLOTS, BATCH, STEPS = 100_000, 16, 4, 64, 5
 

@@ -23,7 +23,7 @@ from ssaexec.program.example_models import build_uci_housing, build_uci_housing_
 from ssaexec.program.distribute import dependencies
 from ssaexec.program.text import program_from_text
 
-from ports import free_port
+from tests.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 5

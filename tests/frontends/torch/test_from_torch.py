@@ -22,7 +22,7 @@ from ssaexec.frontends.torch import from_torch
 from ssaexec.ops.aten import decode_bytes, encode_bytes, parse_size_expr
 from ssaexec.program.desc import grad_var_name
 
-from ports import free_port
+from tests.ports import free_port
 
 STEPS = 5
 B = 8  # whole batch; 2 places get 4 each
