@@ -4,12 +4,13 @@ The numbers come from ``ssaexec.graph.analysis.graph_stats`` (static: nothing
 runs) plus ``ssaexec.runtime.compiled.compile_summary`` (the compiled runner's own
 step plan, ``runtime.plan``: the segments it runs, in its order; with
 ``--compiler inductor``, ``inductor_summary``, the Inductor runner's); this module
-only picks the output form.
+only picks the output form. ``--zero STAGE`` adds ``ssaexec.sim.memory``'s per-device
+peak for a world of ``--places`` x ``--processes`` ranks.
 """
 
 import sys
 
-from .common import DEFAULT_STATIC_PLACES, EXIT_OK, graph_of, graph_options
+from .common import DEFAULT_STATIC_PLACES, EXIT_OK, UsageError, graph_of, graph_options, positive
 
 __all__ = ["register"]
 
@@ -20,11 +21,15 @@ and the largest set of mutually independent handles (how many could run at
 once; exact, by Dilworth's theorem). Traffic: bytes each place sends per step
 with ring algorithms: all-reduce 2(n-1)/n x payload, reduce and broadcast
 (n-1)/n x payload. Memory: parameters, gradients, other persistables.
+--zero STAGE: each device's predicted peak under ZeRO (the simulator's formula,
+docs/simulator.md): parameters, gradients and optimizer state sharded by stage,
+gathered parameters (stage 3, --zero-prefetch), activations at --batch.
 
 examples:
   ssaexec stats examples/small_resnet.json --places 4
   ssaexec stats examples/seed_mlp.json --reduce-strategy reduce --format json
   ssaexec stats examples/mnist_mlp.json --places 1 --compiler inductor
+  ssaexec stats examples/small_resnet.json --places 4 --processes 2 --zero 3 --batch 32
 """
 
 
@@ -38,6 +43,22 @@ def register(add):
     p.add_argument("--compiler", choices=("inductor",), default=None,
                    help="also say what this compiler would compile: its segments, and those "
                         "that would run uncompiled, with why")
+    z = p.add_argument_group("memory under ZeRO (sim.memory, the simulator's formula)")
+    z.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, metavar="STAGE",
+                   help="predict each device's peak memory under ZeRO stage 0-3: "
+                        "parameters, gradients, optimizer state, gathered buffers, "
+                        "activations; the world is --places x --processes")
+    z.add_argument("--processes", type=positive, default=1, metavar="N",
+                   help="processes of the run, each with --places places (default 1)")
+    z.add_argument("--batch", "-b", type=positive, default=1,
+                   help="samples per device for the activations (default 1)")
+    z.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
+                   help="groups gathered ahead of compute (BuildStrategy.zero_prefetch, "
+                        "default 1)")
+    z.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
+                   help="stage 3: keep parameters gathered from forward to backward")
+    z.add_argument("--zero-gather-dtype", choices=("bf16", "fp16"), default=None,
+                   help="stage 3: the dtype parameters are gathered in")
     p.set_defaults(func=cmd_stats)
 
 
@@ -57,6 +78,22 @@ def cmd_stats(args):
         # the Inductor runner's own graph: under a compiler the gradients go in buckets
         stats["compiler"] = inductor_summary(graph_of(args, compiler="inductor"))
     stats["compiled"] = compile_summary(graph)
+    memory = None
+    if args.zero is not None:
+        from ..core.errors import SSAExecError
+        from ..sim.memory import predict_memory
+        if args.zero_prefetch < 0:
+            raise UsageError(f"--zero-prefetch {args.zero_prefetch}: must be >= 0")
+        world = len(graph.places) * args.processes
+        try:
+            memory = predict_memory(graph.program, world, args.zero, batch=args.batch,
+                                    prefetch=args.zero_prefetch,
+                                    reshard_after_forward=args.reshard,
+                                    gather_dtype=args.zero_gather_dtype, graph=graph)
+        except SSAExecError as e:
+            raise UsageError(str(e)) from None
+        stats["zero_memory"] = dict(memory.to_dict(), places=len(graph.places),
+                                    processes=args.processes)
     if args.format == "json":
         import json
         stats = dict(stats, program=args.program)
@@ -76,4 +113,8 @@ def cmd_stats(args):
                              f"{len(comp['uncompiled'])} to run uncompiled\n")
             for u in comp["uncompiled"]:
                 sys.stdout.write(f"  uncompiled    {u['segment']}: {u['why']}\n")
+        if memory is not None:
+            from ..sim.memory import format_memory
+            sys.stdout.write(format_memory(
+                memory, f" = {len(graph.places)} places x {args.processes} processes"))
     return EXIT_OK

@@ -25,7 +25,9 @@ per call.
 
 Each collective is a class whose methods hold its formulas (``ring_steps``: the ring's
 message steps and payload share; ``times``: seconds per algorithm it can run) and that
-names the op handle class it prices (``handle``). Defining the class registers it:
+names the op handle class it prices (``handle``). ZeRO's collectives (issue 49):
+all-gather and reduce-scatter are rings of ``N-1`` steps moving ``(N-1)/N`` of the
+full payload, each half of a ring all-reduce. Defining the class registers it:
 ``cost_model(handle)`` finds a handle's model by the handle's class
 (``functools.singledispatch``, as the runtime's ``handle_fn`` and ``emit_handle``), so
 adding a collective is a handle class (``graph.handles``) and a model class here, and
@@ -38,6 +40,7 @@ import functools
 import math
 
 from ..core.errors import SSAExecError
+from ..graph import handles as _handles
 from ..graph.handles import AllReduceOpHandle, BroadcastOpHandle, ReduceOpHandle
 
 __all__ = ["ring_all_reduce", "tree_all_reduce", "ring_reduce", "ring_broadcast",
@@ -142,6 +145,9 @@ class Collective:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "handle" in cls.__dict__:
+            if cls.handle is None:  # its handle class is not defined (yet): by name only
+                model = COLLECTIVES[cls.name] = cls()
+                return
             cls.name = cls.handle.kind
             model = COLLECTIVES[cls.name] = cls()
             cost_model.register(cls.handle, lambda handle: model)
@@ -206,13 +212,38 @@ class Broadcast(Reduce):
     handle = BroadcastOpHandle
 
 
+class AllGather(Collective):
+    """Ring all-gather (ZeRO-3's gather of a parameter, ZeRO-1/2's of the updated
+    shards): ``N-1`` steps, each rank receives ``(N-1)/N`` of the full payload; ``nbytes``
+    is the full (gathered) payload, as the handle's vars declare it. The all-reduce's
+    second half (Thakur et al. 2005); NCCL runs it as a ring."""
+
+    __slots__ = ()
+    handle = getattr(_handles, "AllGatherOpHandle", None)
+    name = "all_gather"
+
+    @staticmethod
+    def ring_steps(ranks, nodes):
+        return ranks - 1, (ranks - 1) / ranks, nodes - 1
+
+
+class ReduceScatter(AllGather):
+    """Ring reduce-scatter (ZeRO-1/2/3's gradient reduction): the all-reduce's first
+    half, the all-gather's steps with a sum at each; ``nbytes`` is the full gradient."""
+
+    __slots__ = ()
+    handle = getattr(_handles, "ReduceScatterOpHandle", None)
+    name = "reduce_scatter"
+    passes = 1
+
+
 def collective_time(cluster, coll, nbytes, ranks, algorithm="auto"):
     """Seconds one collective of ``nbytes`` (per rank) takes on ``ranks`` ranks.
 
     Parameters
     ----------
     cluster : ssaexec.sim.cluster.Cluster
-    coll : Collective or {"all_reduce", "reduce", "broadcast"}
+    coll : Collective or {"all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"}
         The model (``cost_model(handle)``), or its name in ``COLLECTIVES``.
     nbytes : int
         Payload of one rank (what the rank holds before the call).

@@ -62,6 +62,7 @@ from collections import deque
 from ..core.errors import SSAExecError
 from ..graph.ssa import (AllReduceWaitOpHandle, CollectiveOpHandle, ComputationOpHandle,
                          FetchOpHandle, ScaleLossGradOpHandle)
+from ..graph import handles as _handles
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
 from ..runtime.plan import build_plan
@@ -72,6 +73,7 @@ from .result import Activity, SimResult
 
 __all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph", "step_plan"]
 
+_FreeOpHandle = getattr(_handles, "FreeOpHandle", None)  # ZeRO-3's free (issue 49)
 _PLANS = weakref.WeakKeyDictionary()  # graph -> {(compiled, processes): StepPlan}
 
 
@@ -397,6 +399,14 @@ class _Replay:
                 yield t
         self.dev_end[h.id] = (t, thread.last)
 
+    def free(self, thread, h):
+        """Drop a gathered parameter (ZeRO-3): no kernel and no host launch to speak of.
+        PyTorch's caching allocator frees in stream order, so the host does not wait
+        for the kernels that read it; the next gather that reuses the memory is ordered
+        after it by the graph's dummy edge."""
+        self.dev_end[h.id] = (self.now, thread.last)
+        yield self.now
+
     def block(self, thread, done):
         """The thread waits, GIL released, until ``done`` = (time, activity) has passed."""
         end, act = done
@@ -565,6 +575,8 @@ replay_handle.register(CollectiveOpHandle,
                        lambda h, replay, thread: replay.collective(thread, h))
 replay_handle.register(AllReduceWaitOpHandle,
                        lambda h, replay, thread: replay.wait_handle(thread, h))
+if _FreeOpHandle is not None:
+    replay_handle.register(_FreeOpHandle, lambda h, replay, thread: replay.free(thread, h))
 
 
 def simulate_step(graph, profile, cluster, processes=1, compiled=True, cuda_graph=False,

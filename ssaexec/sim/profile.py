@@ -39,10 +39,11 @@ import statistics
 
 from ..core.errors import SSAExecError
 from ..core.safe_files import read_regular
+from ..graph import handles as _handles
 from ..graph.ssa import (HANDLE_KINDS, AllReduceWaitOpHandle, CollectiveOpHandle,
                          ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 
-__all__ = ["OpCost", "Profile", "op_key", "PRECISIONS"]
+__all__ = ["OpCost", "Profile", "op_key", "PRECISIONS", "activations_in_half"]
 
 PRECISIONS = ("fp32", "tf32", "amp")  # how an estimate's fp32 program runs (estimate)
 
@@ -87,6 +88,10 @@ def _(handle: FetchOpHandle):
 @op_key.register(AllReduceWaitOpHandle)
 def _(handle):
     return _kind_key(type(handle))
+
+
+if getattr(_handles, "FreeOpHandle", None) is not None:  # ZeRO-3's free (issue 49)
+    op_key.register(_handles.FreeOpHandle, lambda handle: _kind_key(type(handle)))
 
 
 # How a trace slice of each class gives its profile key (``_medians``): (the lane it is
@@ -355,7 +360,7 @@ class Profile:
             raise SSAExecError(f"{device.name} has no {precision} peak figure")
         eff = shares(efficiency)
         block = program.global_block()
-        half = _activations(program) if precision == "amp" else frozenset()
+        half = activations_in_half(program) if precision == "amp" else frozenset()
         costs = {}
         from ..graph.build import op_reads_writes
         for op in block.ops:
@@ -399,7 +404,7 @@ def _moved(op, size):
     return moved
 
 
-def _activations(program):
+def activations_in_half(program):
     """Names of the fp32 values that automatic mixed precision keeps in 2 bytes: every
     floating non-persistable value but the gradients of persistable ones (parameters'
     gradients stay fp32, as their master copies)."""
