@@ -57,11 +57,28 @@ class BuildStrategy:
     allreduce_dtype : {None, "bf16", "fp16"}
         Compress floating gradients to this type for the all-reduce and back (as DDP's
         ``bf16_compress_hook``); fused buckets count the compressed bytes.
-    zero_stage : {0, 1, 2}
-        Sharded optimizer state (ZeRO): each parameter has an owner place (balanced by
-        bytes); only the owner keeps its optimizer state, updates it and broadcasts the
-        new value. Stage 1 all-reduces gradients; stage 2 reduces each one to its
-        owner only (the ``reduce`` strategy's graph).
+    zero_stage : {0, 1, 2, 3}
+        Sharded data parallelism (ZeRO, ``program.shard``): each parameter updated by an
+        elementwise optimizer (sgd, momentum, adam/adamw) is flattened and split evenly
+        over the W ranks (places x processes); rank g keeps ``p@SHARD``, its slice.
+        Stage 1: the optimizer state is sharded (gradients are reduce-scattered, each
+        rank updates its slice, then the parameter is all-gathered). Stage 2: the full
+        gradient is also freed right after its reduce-scatter. Stage 3: the parameters
+        too: all-gathered before their first use in forward and in backward, freed
+        after their last. 0: every place holds everything (plain all-reduce).
+    reshard_after_forward : bool
+        Stage 3 (FSDP2's name): True (default) frees a parameter after its last reader
+        in forward and gathers it again for backward (least memory); False keeps it
+        from forward to the end of backward (one gather a step fewer).
+    zero_prefetch : int
+        Stage 3: how many parameter groups (the parameters whose first reader is the
+        same op: a layer) may be gathered ahead of the compute that reads them; the
+        gather of group k waits for the first reader of group k-1-zero_prefetch
+        (a ``prefetch`` dummy edge). Bounds the gathered memory.
+    zero_gather_dtype : {None, "bf16", "fp16"}
+        All-gather floating parameters in this type (half the bytes) and cast back;
+        None: in their own type. Gradients are reduce-scattered in their own type
+        (or ``allreduce_dtype``).
     async_allreduce : bool
         Multi-process runs: start each cross-process all-reduce and go on, completing
         it in a separate wait handle that only its readers wait for, so several are in
@@ -77,14 +94,16 @@ class BuildStrategy:
                  "enable_sequential_execution", "fuse_all_reduce_ops", "fuse_bucket_mb",
                  "num_trainers", "trainer_id", "debug_distributed",
                  "gradient_accumulation_steps", "allreduce_dtype", "zero_stage",
-                 "async_allreduce", "sparse_gradients")
+                 "async_allreduce", "sparse_gradients", "reshard_after_forward",
+                 "zero_prefetch", "zero_gather_dtype")
 
     def __init__(self, reduce_strategy="all_reduce", gradient_scale_strategy="coeff_num_device",
                  debug_graphviz_path=None, enable_sequential_execution=False,
                  fuse_all_reduce_ops=None, fuse_bucket_mb=25.0, num_trainers=1, trainer_id=0,
                  debug_distributed=False, gradient_accumulation_steps=1,
                  allreduce_dtype=None, zero_stage=0, async_allreduce=True,
-                 sparse_gradients=True):
+                 sparse_gradients=True, reshard_after_forward=True, zero_prefetch=1,
+                 zero_gather_dtype=None):
         self.reduce_strategy = _check("reduce_strategy", reduce_strategy,
                                       ("all_reduce", "reduce"))
         self.gradient_scale_strategy = _check("gradient_scale_strategy", gradient_scale_strategy,
@@ -108,12 +127,23 @@ class BuildStrategy:
                                f"{gradient_accumulation_steps!r}")
         self.gradient_accumulation_steps = int(gradient_accumulation_steps)
         self.allreduce_dtype = _check("allreduce_dtype", allreduce_dtype, (None, "bf16", "fp16"))
-        self.zero_stage = _check("zero_stage", zero_stage, (0, 1, 2))
+        self.zero_stage = _check("zero_stage", zero_stage, (0, 1, 2, 3))
         self.async_allreduce = bool(async_allreduce)
         self.sparse_gradients = bool(sparse_gradients)
-        if zero_stage == 1 and reduce_strategy == "reduce":
-            raise SSAExecError("zero_stage=1 all-reduces gradients, which contradicts "
-                               "reduce_strategy='reduce' (that is zero_stage=2's graph)")
+        if not isinstance(reshard_after_forward, bool):
+            raise SSAExecError(f"reshard_after_forward must be True or False, got "
+                               f"{reshard_after_forward!r}")
+        self.reshard_after_forward = reshard_after_forward
+        if isinstance(zero_prefetch, bool) or not isinstance(zero_prefetch, int) or \
+                zero_prefetch < 0:
+            raise SSAExecError(f"zero_prefetch must be an integer >= 0, got {zero_prefetch!r}")
+        self.zero_prefetch = zero_prefetch
+        self.zero_gather_dtype = _check("zero_gather_dtype", zero_gather_dtype,
+                                        (None, "bf16", "fp16"))
+        if zero_stage and reduce_strategy == "reduce":
+            raise SSAExecError(f"zero_stage={zero_stage} shards gradients by reduce-scatter, "
+                               "which contradicts reduce_strategy='reduce' (the owner-and-"
+                               "broadcast graph); use one or the other")
 
     def fuses_all_reduce(self, compiler=None):
         """Whether gradients are all-reduced in buckets: ``fuse_all_reduce_ops`` when set,

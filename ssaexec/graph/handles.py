@@ -10,6 +10,11 @@ sequential execution). Op handles come in a closed set of kinds:
 * ``ScaleLossGradOpHandle``: seeds ``loss@GRAD`` on one place;
 * ``AllReduceOpHandle`` / ``ReduceOpHandle`` / ``BroadcastOpHandle``: collectives
   spanning every place (a fused all-reduce holds several gradients);
+* ``AllGatherOpHandle`` / ``ReduceScatterOpHandle``: ZeRO's collectives
+  (``program.shard``): a parameter joined from every rank's shard, a gradient summed
+  into each rank's shard;
+* ``FreeOpHandle``: drops a var's value on one place (ZeRO's gathered parameters and
+  reduce-scattered gradients), as a new, empty version;
 * ``FetchOpHandle``: reads a fetched var on every place.
 
 Each kind is a class that carries what every consumer needs to know about it, so
@@ -34,12 +39,15 @@ The graph they form (``SSAGraph``, ``lint()``) is ``graph.ssa``, which re-export
 name of this module; this module does not import it.
 """
 
+import torch
+
 from ..core.dtypes import torch_dtype
 from .kinds import HANDLE_KINDS  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
            "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle",
-           "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle"]
+           "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle",
+           "AllGatherOpHandle", "ReduceScatterOpHandle", "FreeOpHandle"]
 
 
 class VarHandle:
@@ -365,6 +373,144 @@ class BroadcastOpHandle(CollectiveOpHandle):
 
     def apply(self, collective, tensors, label):
         collective.broadcast(tensors, self.root_idx, label=label)
+
+
+class AllGatherOpHandle(CollectiveOpHandle):
+    """Joins each full var of ``var_names`` from every rank's ``shard_names`` (ZeRO).
+
+    ``shard_names[k]`` (1-D, ``S`` elements on each place) is rank g's slice of
+    ``var_names[k]`` (``program.shard``); every place gets the whole var, of shape
+    ``shapes[k]``: the first ``prod(shape)`` elements of the ``W*S`` joined in global rank
+    order. Where the place already holds the var (stages 1 and 2, after the optimizer)
+    it is rewritten in place; otherwise (stage 3, before a reader) it is a new tensor.
+    ``wire_dtype`` (``BuildStrategy(zero_gather_dtype=...)``) gathers floating shards
+    in that type and casts the result back.
+    """
+
+    __slots__ = ("shard_names", "shapes", "wire_dtype")
+    kind = "all_gather"
+    legend = "all-gather"
+    color = "#a7f3d0"
+    traffic_formula = "(n-1)/n x payload (ring)"
+
+    def __init__(self, var_names, shard_names, shapes, wire_dtype=None):
+        super().__init__(var_names)
+        self.shard_names = list(shard_names)
+        self.shapes = [list(s) for s in shapes]
+        self.wire_dtype = wire_dtype
+
+    @property
+    def name(self):
+        names = self.var_names[0] if len(self.var_names) == 1 else \
+            f"{len(self.var_names)} params: {self.var_names[0]}.."
+        return f"all_gather({names})"
+
+    def details(self):
+        d = dict(super().details(), shards=list(self.shard_names))
+        if self.wire_dtype:
+            d["wire_dtype"] = self.wire_dtype
+        return d
+
+    @staticmethod
+    def traffic_factor(n):
+        return (n - 1) / n
+
+    def apply(self, collective, tensors, label):
+        """``tensors`` is ``(shards, outs)``: per place, the 1-D shard and the 1-D buffer
+        of ``W*S`` elements that receives every rank's shard."""
+        shards, outs = tensors
+        wire = torch_dtype(self.wire_dtype) if self.wire_dtype else None
+        if wire is None or not shards[0].is_floating_point() or shards[0].dtype == wire:
+            collective.all_gather(shards, outs, label=label)
+            return
+        sent = [s.to(wire) for s in shards]
+        got = [torch.empty(o.shape, dtype=wire, device=o.device) for o in outs]
+        collective.all_gather(sent, got, label=label)
+        for o, g in zip(outs, got, strict=True):
+            o.copy_(g)
+
+
+class ReduceScatterOpHandle(CollectiveOpHandle):
+    """Sums each gradient of ``var_names`` over every rank into each rank's shard (ZeRO).
+
+    Place i gets ``shard_names[k]`` (1-D, ``S``): the sum over ranks of their chunk
+    number g, g being place i's global rank, of the flattened, zero-padded gradient.
+    The sum runs in the gradient's type (or ``wire_dtype``, ``allreduce_dtype``'s).
+    """
+
+    __slots__ = ("shard_names", "wire_dtype")
+    kind = "reduce_scatter"
+    legend = "reduce-scatter"
+    color = "#fca5a5"
+    traffic_formula = "(n-1)/n x payload (ring)"
+
+    def __init__(self, var_names, shard_names, wire_dtype=None):
+        super().__init__(var_names)
+        self.shard_names = list(shard_names)
+        self.wire_dtype = wire_dtype
+
+    @property
+    def name(self):
+        names = self.var_names[0] if len(self.var_names) == 1 else \
+            f"{len(self.var_names)} grads: {self.var_names[0]}.."
+        return f"reduce_scatter({names})"
+
+    def details(self):
+        d = dict(super().details(), shards=list(self.shard_names))
+        if self.wire_dtype:
+            d["wire_dtype"] = self.wire_dtype
+        return d
+
+    @staticmethod
+    def traffic_factor(n):
+        return (n - 1) / n
+
+    def apply(self, collective, tensors, label):
+        """``tensors`` is ``(fulls, shards)``: per place, the flattened gradient padded to
+        ``W*S`` elements and the 1-D shard of ``S`` that receives the sum."""
+        fulls, shards = tensors
+        wire = torch_dtype(self.wire_dtype) if self.wire_dtype else None
+        if wire is None or not fulls[0].is_floating_point() or fulls[0].dtype == wire:
+            collective.reduce_scatter(fulls, shards, label=label)
+            return
+        if getattr(collective, "local_only", False):
+            sent = [f.to(wire).to(f.dtype) for f in fulls]  # rounded, summed exactly
+            got = [torch.empty_like(s) for s in shards]
+        else:
+            sent = [f.to(wire) for f in fulls]
+            got = [torch.empty(s.shape, dtype=wire, device=s.device) for s in shards]
+        collective.reduce_scatter(sent, got, label=label)
+        for s, g in zip(shards, got, strict=True):
+            s.copy_(g.to(wire))
+
+
+class FreeOpHandle(_OnePlace):
+    """Drops the values of ``var_names`` on one place (ZeRO: a gathered parameter after
+    its last reader, a gradient after its reduce-scatter).
+
+    It writes a new, empty version of each var: by the SSA hazards every reader of the
+    value it drops runs before it, and the next write of the name (the next gather)
+    after it. It moves no data and launches nothing.
+    """
+
+    __slots__ = ("var_names", "place", "place_idx")
+    kind = "free"
+    color = "#e5e7eb"
+
+    def __init__(self, var_names, place, place_idx):
+        super().__init__()
+        self.var_names = list(var_names)
+        self.place, self.place_idx = place, place_idx
+
+    @property
+    def name(self):
+        return f"free({', '.join(self.var_names)})@{self.place}"
+
+    def section(self):
+        return "comm"  # ZeRO's bookkeeping beside its collectives
+
+    def details(self):
+        return {"vars": list(self.var_names)}
 
 
 class FetchOpHandle(OpHandle):

@@ -16,15 +16,16 @@ from here (re-exported), as does ``HANDLE_KINDS`` (``graph.kinds``).
 import heapq
 
 from ..core.errors import GraphError
-from .handles import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
-                      CollectiveOpHandle, ComputationOpHandle, DummyVarHandle, FetchOpHandle,
-                      OpHandle, ReduceOpHandle, ScaleLossGradOpHandle, VarHandle)
+from .handles import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
+                      BroadcastOpHandle, CollectiveOpHandle, ComputationOpHandle,
+                      DummyVarHandle, FetchOpHandle, FreeOpHandle, OpHandle, ReduceOpHandle,
+                      ReduceScatterOpHandle, ScaleLossGradOpHandle, VarHandle)
 from .kinds import HANDLE_KINDS  # kind label -> OpHandle subclass (filled by __init_subclass__)
 
 __all__ = ["VarHandle", "DummyVarHandle", "OpHandle", "ComputationOpHandle",
            "ScaleLossGradOpHandle", "CollectiveOpHandle", "AllReduceOpHandle",
            "AllReduceWaitOpHandle", "ReduceOpHandle", "BroadcastOpHandle", "FetchOpHandle",
-           "SSAGraph", "HANDLE_KINDS", "topo_sort"]
+           "AllGatherOpHandle", "ReduceScatterOpHandle", "FreeOpHandle", "SSAGraph", "HANDLE_KINDS", "topo_sort"]
 
 
 def topo_sort(succ, indeg, late=()):

@@ -27,6 +27,25 @@ from ..ops.sparse import sum_rows
 __all__ = ["LocalCollective", "gather_sparse", "is_sparse_collective"]
 
 
+def _shard_size(shards, fulls, label):
+    """The shard size S of a ZeRO collective, checked: ``len(shards) == len(fulls)``
+    places, every shard 1-D of S elements, every full buffer 1-D of W*S."""
+    if len(shards) != len(fulls) or not shards:
+        raise SSAExecError(f"{label or 'collective'}: {len(shards)} shards for "
+                           f"{len(fulls)} full buffers")
+    s = shards[0].numel()
+    world = len(shards)
+    for t in shards:
+        if t.dim() != 1 or t.numel() != s:
+            raise SSAExecError(f"{label or 'collective'}: shards must be 1-D of {s} "
+                               f"elements, got {list(t.shape)}")
+    for t in fulls:
+        if t.dim() != 1 or t.numel() != world * s:
+            raise SSAExecError(f"{label or 'collective'}: full buffers must be 1-D of "
+                               f"{world * s} elements, got {list(t.shape)}")
+    return s
+
+
 def is_sparse_collective(tensors, label=None):
     """Whether ``tensors`` (one per place) are sparse gradients, gathered by rows.
 
@@ -54,11 +73,15 @@ def gather_sparse(tensors, average=False, count=None):
 
 
 class LocalCollective:
-    """In-process all-reduce, reduce and broadcast over a list of per-place tensors."""
+    """In-process all-reduce, reduce, broadcast, all-gather and reduce-scatter over a
+    list of per-place tensors (this process's places, in place order; the global rank of
+    place i is i: ``processes`` is 1 and ``process_rank`` 0)."""
 
     __slots__ = ()
     # one place in one process: every collective is a no-op the compiled runner skips
     local_only = True
+    processes = 1
+    process_rank = 0
 
     def all_reduce(self, tensors, average=False, label=None):
         """Every tensor becomes the sum (or mean) of all of them."""
@@ -97,6 +120,29 @@ class LocalCollective:
             if i != root:
                 t.copy_(src)
         return tensors
+
+    def all_gather(self, shards, outs, label=None):
+        """ZeRO's all-gather: ``outs[i]`` (1-D, ``W*S``) gets every rank's shard
+        (``shards[r]``, 1-D, ``S``) concatenated in global rank order."""
+        s = _shard_size(shards, outs, label)
+        for out in outs:
+            dev = out.device
+            for r, shard in enumerate(shards):
+                out[r * s:(r + 1) * s].copy_(shard if shard.device == dev else shard.to(dev))
+        return outs
+
+    def reduce_scatter(self, fulls, shards, label=None):
+        """ZeRO's reduce-scatter: ``shards[i]`` (1-D, ``S``) becomes the sum over ranks, in
+        rank order, of chunk ``i`` of their ``fulls`` (1-D, ``W*S``, zero-padded)."""
+        s = _shard_size(shards, fulls, label)
+        for i, shard in enumerate(shards):
+            dev = shard.device
+            acc = fulls[0][i * s:(i + 1) * s].to(dev, copy=True)
+            for full in fulls[1:]:
+                part = full[i * s:(i + 1) * s]
+                acc.add_(part if part.device == dev else part.to(dev))
+            shard.copy_(acc)
+        return shards
 
     def begin_step(self, signature):
         """Called before each step's first collective with the graph's collective signature."""
