@@ -40,7 +40,8 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "statically_known_true", "check", "export_state", "core_aten_decompositions",
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
-           "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version"]
+           "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version",
+           "all_gather_single", "reduce_scatter_single"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
@@ -460,6 +461,45 @@ def custom_op(name, **kwargs):
 def has_torch_nccl():
     """Whether this torch build has ``torch.cuda.nccl``'s all-reduce kernel."""
     return FEATURES["nccl.all_reduce"].get() is not False
+
+
+# ---------------------------------------------------------------------------------------
+# torch.distributed's one-tensor all-gather and reduce-scatter (ZeRO across processes,
+# dist/group_collective.py). torch 2.13 names them all_gather_single / reduce_scatter_single
+# and deprecates the older all_gather_into_tensor / reduce_scatter_tensor (a FutureWarning
+# a call), the only names torch 2.11 has; both forms take the same arguments.
+
+def _all_gather_into_tensor(output, input, group=None, async_op=False):
+    import torch.distributed as dist
+    return dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
+
+
+def _reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
+    import torch.distributed as dist
+    op = dist.ReduceOp.SUM if op is None else op
+    return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+_feature("dist.all_gather_single", "torch.distributed.all_gather_single", "2.13",
+         "ZeRO's all-gather across processes", _all_gather_into_tensor)
+_feature("dist.reduce_scatter_single", "torch.distributed.reduce_scatter_single", "2.13",
+         "ZeRO's reduce-scatter across processes", _reduce_scatter_tensor)
+
+
+def all_gather_single(output, input, group=None, async_op=False):
+    """``output`` (world x ``input``'s elements, flat) gets every rank's ``input`` in rank
+    order: ``torch.distributed.all_gather_single`` (``all_gather_into_tensor`` before 2.13)."""
+    return FEATURES["dist.all_gather_single"].get()(output, input, group=group,
+                                                    async_op=async_op)
+
+
+def reduce_scatter_single(output, input, group=None, async_op=False):
+    """``output`` gets rank r's chunk of the sum of every rank's ``input`` (world chunks of
+    ``output``'s size): ``torch.distributed.reduce_scatter_single`` (``reduce_scatter_tensor``
+    before 2.13), summing."""
+    import torch.distributed as dist
+    return FEATURES["dist.reduce_scatter_single"].get()(output, input, op=dist.ReduceOp.SUM,
+                                                        group=group, async_op=async_op)
 
 
 # ---------------------------------------------------------------------------------------

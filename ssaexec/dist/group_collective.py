@@ -16,6 +16,25 @@ A sparse gradient (``ops.sparse``) is not summed densely: the places' rows and
 values are gathered, then every rank's (``all_gather`` of the row counts, then of
 the rows and values padded to the longest), and coalesced into the sum.
 
+ZeRO (``BuildStrategy(zero_stage=1|2|3)``, program/shard.py's layout: global rank
+``g = process_rank * places + place``, a parameter's flat elements split in W = processes x
+places shards of S) adds two hierarchical collectives, each one cross-process call:
+
+* ``all_gather(shards, outs)``: the places' shards, concatenated in place order, are
+  gathered across processes (``compat.all_gather_single``) straight into place 0's output
+  (its layout is process-major, place-minor: the global rank order), then copied to the
+  other places. With a wire dtype (``zero_gather_dtype``) the shards travel rounded to it,
+  and every rank keeps the rounded values, its own too, so all places agree.
+* ``reduce_scatter(fulls, shards)``: the places' full gradients are summed in place order
+  into a new buffer (the gradient itself is left as it was), then reduce-scattered across
+  processes (``compat.reduce_scatter_single``): process t receives its places' P
+  consecutive chunks, summed over the processes, and place i keeps chunk i. The order is
+  all_reduce's (places, then processes), so with 2 processes a shard is bit for bit the
+  slice of the all-reduced gradient.
+
+Both have ``_start`` forms, like ``all_reduce_start``, and go through ``start``/``call``:
+a failure is a ``DistributedError`` naming the rank and the collective.
+
 Order. The SSA graph chains its collectives by dummy edges, so the scheduler
 runs them one at a time in the graph's order, and that order is the program
 order, the same in every process: ranks never pair up mismatched collectives.
@@ -53,7 +72,8 @@ import re
 import torch
 import torch.distributed as dist
 
-from ..core import faults
+from ..core import compat, faults
+from ..core.dtypes import torch_dtype
 from ..core.errors import DistributedError, SSAExecError
 from ..ops.sparse import rows_of
 from ..runtime.collective import LocalCollective, gather_sparse
@@ -92,6 +112,15 @@ def _first_line(exc):
     return text.split(" GLHF!")[0].rstrip().rstrip(".")
 
 
+def _shard_size(shards, what):
+    """The common number of elements of ``shards`` (one per place), else ``SSAExecError``."""
+    sizes = {s.numel() for s in shards}
+    if len(sizes) != 1:
+        raise SSAExecError(f"{what}: the places' shards differ in size ({sorted(sizes)}); "
+                           "each place holds one shard of the same size")
+    return sizes.pop()
+
+
 class ProcessGroupCollective(LocalCollective):
     """Hierarchical collectives over local places and the processes of ``group``.
 
@@ -111,6 +140,16 @@ class ProcessGroupCollective(LocalCollective):
 
     __slots__ = ("group", "rank", "world_size", "backend", "debug", "steps", "timeout")
     local_only = False  # other processes take part even with one local place
+
+    @property
+    def processes(self):
+        """The number of processes (ZeRO's world is this times the local places)."""
+        return self.world_size
+
+    @property
+    def process_rank(self):
+        """This process's rank (global rank of its place i: ``process_rank * places + i``)."""
+        return self.rank
 
     def __init__(self, group=None, debug=False, timeout=None):
         if not dist.is_available() or not dist.is_initialized():
@@ -226,6 +265,99 @@ class ProcessGroupCollective(LocalCollective):
         def finish():
             for t in tensors:
                 t.copy_(merged)
+        return finish
+
+    # --- ZeRO's collectives (program/shard.py's layout) --------------------------------
+    def all_gather(self, shards, outs, label=None, wire_dtype=None):
+        """Every rank's shard, in global rank order, into every place's ``outs[i]``."""
+        self.all_gather_start(shards, outs, label, wire_dtype)()
+        return outs
+
+    def all_gather_start(self, shards, outs, label=None, wire_dtype=None):
+        """Start the all-gather; return the function that waits for it and copies the
+        result to every place.
+
+        ``shards[i]`` (S elements) is place i's; ``outs[i]`` (W x S, W = processes x
+        places) gets the concatenation over global ranks ``process_rank * places + i``.
+        The places' shards are concatenated in place order and gathered across processes
+        in one call, so the process-major, place-minor order is the global rank order.
+        ``wire_dtype`` (ZeRO's low-precision gather): the shards travel in it and every
+        rank's result, its own shard too, is the rounded value, so all places agree.
+        """
+        faults.fire()  # stage 3's first collective of a step is a gather
+        what = label or f"all_gather of {len(shards)} x {shards[0].numel()}-element shards"
+        size = _shard_size(shards, what)
+        full = self.world_size * len(shards) * size
+        out0 = outs[0]
+        for o in outs:
+            if o.numel() != full:
+                raise SSAExecError(f"{what}: an output of {o.numel()} elements where the "
+                                   f"gather makes {full} ({self.world_size} processes x "
+                                   f"{len(shards)} places x {size})")
+        dev = out0.device
+        dtype = out0.dtype if wire_dtype is None else (  # a torch dtype or its name
+            wire_dtype if isinstance(wire_dtype, torch.dtype) else torch_dtype(wire_dtype))
+        local = torch.cat([s.detach().reshape(-1).to(dev, dtype) for s in shards])
+        direct = dtype == out0.dtype and out0.is_contiguous()
+        buf = out0.view(-1) if direct else torch.empty(full, dtype=dtype, device=dev)
+        wait = self.start(what, lambda: compat.all_gather_single(
+            buf, local, group=self.group, async_op=True), buf)
+
+        def finish():
+            wait()
+            with torch.no_grad():
+                if not direct:
+                    out0.copy_(buf.view(out0.shape))
+                for o in outs[1:]:
+                    o.copy_(out0)
+        return finish
+
+    def reduce_scatter(self, fulls, shards, label=None):
+        """Every place's ``shards[i]`` gets its global rank's chunk of the sum of ``fulls``."""
+        self.reduce_scatter_start(fulls, shards, label)()
+        return shards
+
+    def reduce_scatter_start(self, fulls, shards, label=None):
+        """Sum the places' ``fulls`` (in place order, into a new buffer: the inputs are
+        left as they are) and start the cross-process reduce-scatter; return the function
+        that waits for it and writes each place's chunk into its ``shards[i]``.
+
+        ``fulls[i]`` has W x S elements (padded), ``shards[i]`` S; place i of process t
+        gets chunk ``t * places + i``. The sum runs over places in order, then over the
+        processes (as ``all_reduce``), so it does not depend on timing.
+        """
+        faults.fire()
+        what = label or f"reduce_scatter of {len(fulls)} x {fulls[0].numel()}-element tensors"
+        size = _shard_size(shards, what)
+        places = len(fulls)
+        full = self.world_size * places * size
+        for f in fulls:
+            if f.numel() != full:
+                raise SSAExecError(f"{what}: an input of {f.numel()} elements where the "
+                                   f"reduce-scatter takes {full} ({self.world_size} processes "
+                                   f"x {places} places x {size})")
+        acc = fulls[0].detach().reshape(-1)
+        dev = acc.device
+        if places > 1:  # sums into a new buffer: the gradient's own version is not written
+            acc = torch.add(acc, fulls[1].detach().reshape(-1).to(dev))
+            for t in fulls[2:]:
+                acc.add_(t.detach().reshape(-1).to(dev))
+        elif not acc.is_contiguous():
+            acc = acc.contiguous()
+        mine = shards[0]
+        direct = places == 1 and mine.dtype == acc.dtype and mine.device == dev and \
+            mine.is_contiguous()
+        buf = mine.view(-1) if direct else torch.empty(places * size, dtype=acc.dtype,
+                                                       device=dev)
+        wait = self.start(what, lambda: compat.reduce_scatter_single(
+            buf, acc, group=self.group, async_op=True), buf)
+
+        def finish():
+            wait()
+            if not direct:
+                with torch.no_grad():
+                    for i, s in enumerate(shards):
+                        s.copy_(buf[i * size:(i + 1) * size].view(s.shape))
         return finish
 
     def reduce(self, tensors, root, average=False, label=None):

@@ -5,7 +5,9 @@ group of more than one process exists (``se.distributed.init()`` under torchrun)
 ``BuildStrategy(num_trainers>1)`` asks for one, or with ``distributed=True`` (a world of
 one too); ``distributed=False`` keeps it local. Before the first step every process
 checks that it built the same program, strategy and place count, then takes rank 0's
-persistables: a mismatch found later would crash or hang the backend in a collective.
+persistables (but a ZeRO shard, ``name@SHARD``: each rank's own, cut from the full
+parameter it took): a mismatch found later would crash or hang the backend in a collective.
+ZeRO (``zero_stage=1|2|3``) runs across processes; the ``reduce`` strategy does not.
 
 If a step fails on this rank, the others wait in a collective it will never issue, so
 the group is aborted (they raise ``DistributedError`` at once) and the executor refuses
@@ -19,6 +21,8 @@ Invariant: the caller's ``BuildStrategy`` object is never written; when the grou
 from . import world as _distributed
 from ..core import faults
 from ..core.errors import DistributedError
+
+SHARD_SUFFIX = "@SHARD"  # program/shard.py's name of a ZeRO shard (zero_spec)
 
 __all__ = ["process_group_collective", "executor_collective", "agree_and_broadcast",
            "GroupSteps"]
@@ -59,10 +63,11 @@ def process_group_collective(build_strategy, distributed):
                                f"{bs.trainer_id}) does not match the process group (world "
                                f"size {info.world_size}, rank {info.rank}); use "
                                "se.distributed.build_strategy()")
-    if bs.reduce_strategy != "all_reduce" or bs.zero_stage:
-        raise DistributedError("reduce_strategy='reduce' and zero_stage run in one process "
-                               "only; use 'all_reduce' without zero_stage with several "
-                               "processes")
+    if bs.reduce_strategy != "all_reduce":
+        # the owner-and-broadcast graph has no cross-process form; ZeRO (zero_stage) does
+        raise DistributedError("reduce_strategy='reduce' runs in one process only; use "
+                               "'all_reduce' with several processes (with zero_stage=1|2|3 "
+                               "to shard the optimizer state, gradients and parameters)")
     from .group_collective import ProcessGroupCollective
     return bs, ProcessGroupCollective(debug=_distributed.debug_enabled(bs), timeout=info.timeout)
 
@@ -94,8 +99,8 @@ def agree_and_broadcast(coll, build_strategy, places, program, scope):
         t = scope.find_var(var.name)
         items.append((var.name, None if t is None else list(t.shape),
                       None if t is None else str(t.dtype).replace("torch.", "")))
-        if t is not None:
-            tensors.append(t)
+        if t is not None and not var.name.endswith(SHARD_SUFFIX):
+            tensors.append(t)  # a ZeRO shard is this rank's own: cut from rank 0's full one
     coll.agree("the program's persistables, the build strategy, the number of places "
                "and the debug mode",
                items, describe=lambda it: " ".join(str(x) for x in it),
