@@ -9,7 +9,7 @@ configurations: starting processes is the slow part on a small machine.
 Scenarios:
 
 * ``collectives``: ``ProcessGroupCollective.all_gather`` / ``reduce_scatter`` (and their
-  ``_start`` forms, the low-precision gather, the compat fallbacks) on inputs every rank
+  ``_start`` forms, the graph handle's low-precision gather, the compat fallbacks) on inputs every rank
   can rebuild (``collective_input``), for 1 and 2 places a process; a size mismatch; a
   peer that never joins (a side group with a short timeout).
 """
@@ -124,6 +124,7 @@ def _collectives(se, rank, record):
 
     from ssaexec.core import compat
     from ssaexec.dist.group_collective import ProcessGroupCollective
+    from ssaexec.graph.handles import AllGatherOpHandle
     coll = ProcessGroupCollective(timeout=TIMEOUT)
     record["processes"], record["process_rank"] = coll.processes, coll.process_rank
     for places, dtype in COLLECTIVE_CASES:
@@ -147,9 +148,10 @@ def _collectives(se, rank, record):
         fin_scatter = coll.reduce_scatter_start([f.clone() for f in fulls], a_got)
         fin_gather()
         fin_scatter()
-        # the low-precision gather: bf16 on the wire, the output in the shard's type
+        # the low-precision gather (zero_gather_dtype), as the graph's handle makes it
         low = [torch.zeros_like(o) for o in outs]
-        coll.all_gather(shards, low, wire_dtype=torch.bfloat16)
+        AllGatherOpHandle(["w"], ["w@SHARD"], [[world * SHARD]], wire_dtype="bfloat16").apply(
+            coll, (shards, low), "all_gather(w)")
         record[(places, dtype)] = {
             "gather": outs, "scatter": got, "inputs_untouched": untouched,
             "all_reduce": reduced[0], "async_gather": a_outs, "async_scatter": a_got,

@@ -23,8 +23,9 @@ places shards of S) adds two hierarchical collectives, each one cross-process ca
 * ``all_gather(shards, outs)``: the places' shards, concatenated in place order, are
   gathered across processes (``compat.all_gather_single``) straight into place 0's output
   (its layout is process-major, place-minor: the global rank order), then copied to the
-  other places. With a wire dtype (``zero_gather_dtype``) the shards travel rounded to it,
-  and every rank keeps the rounded values, its own too, so all places agree.
+  other places. The low-precision gather (``zero_gather_dtype``) is the graph handle's:
+  it hands this method shards and outputs of the wire type, so every rank, its own shard
+  too, keeps the same rounded values.
 * ``reduce_scatter(fulls, shards)``: the places' full gradients are summed in place order
   into a new buffer (the gradient itself is left as it was), then reduce-scattered across
   processes (``compat.reduce_scatter_single``): process t receives its places' P
@@ -73,7 +74,6 @@ import torch
 import torch.distributed as dist
 
 from ..core import compat, faults
-from ..core.dtypes import torch_dtype
 from ..core.errors import DistributedError, SSAExecError
 from ..ops.sparse import rows_of
 from ..runtime.collective import LocalCollective, gather_sparse
@@ -268,12 +268,12 @@ class ProcessGroupCollective(LocalCollective):
         return finish
 
     # --- ZeRO's collectives (program/shard.py's layout) --------------------------------
-    def all_gather(self, shards, outs, label=None, wire_dtype=None):
+    def all_gather(self, shards, outs, label=None):
         """Every rank's shard, in global rank order, into every place's ``outs[i]``."""
-        self.all_gather_start(shards, outs, label, wire_dtype)()
+        self.all_gather_start(shards, outs, label)()
         return outs
 
-    def all_gather_start(self, shards, outs, label=None, wire_dtype=None):
+    def all_gather_start(self, shards, outs, label=None):
         """Start the all-gather; return the function that waits for it and copies the
         result to every place.
 
@@ -281,8 +281,6 @@ class ProcessGroupCollective(LocalCollective):
         places) gets the concatenation over global ranks ``process_rank * places + i``.
         The places' shards are concatenated in place order and gathered across processes
         in one call, so the process-major, place-minor order is the global rank order.
-        ``wire_dtype`` (ZeRO's low-precision gather): the shards travel in it and every
-        rank's result, its own shard too, is the rounded value, so all places agree.
         """
         faults.fire()  # stage 3's first collective of a step is a gather
         what = label or f"all_gather of {len(shards)} x {shards[0].numel()}-element shards"
@@ -295,8 +293,7 @@ class ProcessGroupCollective(LocalCollective):
                                    f"gather makes {full} ({self.world_size} processes x "
                                    f"{len(shards)} places x {size})")
         dev = out0.device
-        dtype = out0.dtype if wire_dtype is None else (  # a torch dtype or its name
-            wire_dtype if isinstance(wire_dtype, torch.dtype) else torch_dtype(wire_dtype))
+        dtype = out0.dtype
         local = torch.cat([s.detach().reshape(-1).to(dev, dtype) for s in shards])
         direct = dtype == out0.dtype and out0.is_contiguous()
         buf = out0.view(-1) if direct else torch.empty(full, dtype=dtype, device=dev)

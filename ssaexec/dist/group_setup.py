@@ -21,8 +21,7 @@ Invariant: the caller's ``BuildStrategy`` object is never written; when the grou
 from . import world as _distributed
 from ..core import faults
 from ..core.errors import DistributedError
-
-SHARD_SUFFIX = "@SHARD"  # program/shard.py's name of a ZeRO shard (zero_spec)
+from ..program.shard import SHARD_SUFFIX
 
 __all__ = ["process_group_collective", "executor_collective", "agree_and_broadcast",
            "GroupSteps"]
