@@ -26,6 +26,7 @@ from .data.loader import DataLoader
 from .data.prefetch import PrefetchLoader
 from .state.checkpoint import load_checkpoint, save_checkpoint, save_parameters
 from .state.resume import Checkpoints
+from .state.dcp import export_dcp
 from .dist.sampler import EpochSampler
 from .frontends.torch import from_torch, from_torch_eval, write_back
 from .frontends.paddle import from_paddle
@@ -49,6 +50,7 @@ __all__ = [
     "SSAGraph", "build_ssa_graph", "ParallelExecutor", "save_program", "load_program",
     "DataLoader", "PrefetchLoader", "distributed", "from_torch", "from_paddle", "from_torch_eval", "write_back",
     "save_checkpoint", "load_checkpoint", "save_parameters", "Checkpoints", "EpochSampler",
+    "export_dcp",
     "elastic", "simulate",
 ]
 

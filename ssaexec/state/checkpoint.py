@@ -28,6 +28,13 @@ Policy:
 * **Places.** Values come from place 0, or for ZeRO-sharded optimizer state from the
   owner place; loading writes every place (the owners only, under ZeRO), so a run can
   resume on another number of places.
+* **ZeRO shards** (an executor with a ``shard_layout()``): ``save_checkpoint`` writes a
+  *sharded* checkpoint by default, one file per global rank (``sharded``: the files,
+  the index, the checks), and every process of the run calls it (a collective);
+  ``sharded=False`` writes the gathered file instead (``gathered_state()``: full tensors,
+  the same file a plain run writes). Loading takes either kind into either kind of
+  run: a sharded checkpoint is assembled when it is read (``read_checkpoint`` returns
+  full tensors), and a ZeRO target cuts each sharded var for its own ranks.
 * **Untrusted metadata.** The header is the file's text: a ``runs`` that is not a
   count, or a file whose data does not match its header, is an ``SSAExecError``.
 * **Damage is detected.** safetensors keeps no checksum, so a bit flipped in the data
@@ -51,6 +58,7 @@ from ..core import faults
 from ..core.errors import SSAExecError
 from ..runtime.boundary import check_values
 from ..core.safe_files import atomic_write, fd_path, open_input
+from . import sharded as shards
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "save_parameters", "FORMAT"]
 
@@ -77,45 +85,165 @@ def _persistables(program):
     return [v for v in program.global_block().vars.values() if v.persistable]
 
 
+class _Zero:
+    """What a ZeRO executor holds: this process's global ranks and, per sharded var (a
+    parameter or its optimizer state, by its plain name), the shard var on each place.
+
+    ``vars``: ``{plain name: (shard var, full shape, numel, shard size)}``."""
+
+    __slots__ = ("pe", "layout", "world", "ranks", "vars", "processes", "process_rank")
+
+    def __init__(self, pe, layout):
+        bs = pe.build_strategy
+        n = len(pe.places)
+        self.pe, self.layout, self.world = pe, layout, int(layout.world)
+        self.processes, self.process_rank = bs.num_trainers, bs.trainer_id
+        self.ranks = [self.process_rank * n + i for i in range(n)]
+        if self.world != self.processes * n:
+            raise SSAExecError(f"the executor's shard layout is for {self.world} ranks, but it "
+                               f"runs {self.processes} process(es) x {n} places")
+        self.vars = {full: (shard, list(sp.shape), int(sp.numel), int(sp.shard_size))
+                     for sp in layout for full, shard in sp.full_names().items()}
+
+    def shard(self, name, place):
+        """The shard of plain var ``name`` on place index ``place`` (None: no value)."""
+        return self.pe.local_scopes[place].find_var(self.vars[name][0])
+
+    def declared(self, name):
+        """(full shape, dtype) of sharded var ``name`` (None: no value on place 0)."""
+        t = self.shard(name, 0)
+        return None if t is None else (self.vars[name][1], t.dtype)
+
+    def plain_names(self):
+        """Every persistable of the plain program: the run program's but the shard vars,
+        and the sharded vars by their plain names."""
+        names = [v.name for v in _persistables(self.plain_program())]
+        return names + [n for n in self.vars if n not in names]
+
+    def plain_program(self):
+        """The full-step program before sharding (``ParallelExecutor.program_for``)."""
+        return self.pe.program_for("plain")
+
+    def persists(self, name):
+        """Whether the run program keeps the full ``name`` too (stages 1 and 2's
+        parameters; stage 3's are gathered for use only)."""
+        var = self.pe.run_program.global_block().find_var(name)
+        return var is not None and var.persistable
+
+    def cut(self, name, value, place):
+        """Place ``place``'s shard of the full ``value`` of sharded var ``name``."""
+        return self.layout.shard_of(value.reshape(-1), self.ranks[place], self.vars[name][3])
+
+    def exchange(self, obj, what):
+        """``obj`` of every process, in process order (a collective across processes)."""
+        if self.processes == 1:
+            return [obj]
+        from ..dist import world as distributed
+        return distributed.collective().gather_objects(obj, what)
+
+
+def _zero(target):
+    layout = target.shard_layout() if hasattr(target, "shard_layout") else None
+    return None if layout is None else _Zero(target, layout)
+
+
+class _Target:
+    """Where values come from and go: ``get(name)`` (a full tensor or None),
+    ``declared(name)`` ((shape, dtype) or None), ``put(name, full tensor)``, the
+    persistables' names, the places and runs, and the ZeRO view (None without)."""
+
+    __slots__ = ("names", "params", "get", "declared", "put", "places", "runs", "zero")
+
+
 def _target(target, program):
-    """(program, getter(name) -> tensor or None, setter(name, tensor), places, runs)."""
+    t = _Target()
+    t.zero = None
     if hasattr(target, "local_scopes"):  # a ParallelExecutor
         pe = target
-        owners = pe.state_owners()
+        t.zero = zero = _zero(pe)
+        owners = {} if zero is not None or not hasattr(pe, "state_owners") \
+            else pe.state_owners()
+        vars_ = pe.run_program.global_block().vars
+        t.params = {n for n, v in vars_.items() if v.persistable and v.is_parameter}
+        if zero is not None:
+            t.names = zero.plain_names()
+            t.params |= {sp_name for sp_name in zero.vars
+                         if sp_name in vars_ and vars_[sp_name].is_parameter}
+        else:
+            t.names = [v.name for v in _persistables(pe.run_program)]
 
         def get(name):
+            if zero is not None and name in zero.vars:
+                return None  # only gathered_state() holds it whole
             return pe.local_scopes[owners.get(name, 0)].find_var(name)
+
+        def declared(name):
+            if zero is not None and name in zero.vars:
+                return zero.declared(name)
+            have = get(name)
+            return None if have is None else (list(have.shape), have.dtype)
 
         def put(name, value):
             owner = owners.get(name)
+            cut = zero is not None and name in zero.vars
             for k, (place, scope) in enumerate(zip(pe.places, pe.local_scopes, strict=True)):
                 if owner is not None and owner != k:
                     continue
-                old = scope.vars.get(name)
-                if old is not None and old.shape == value.shape and old.dtype == value.dtype:
-                    old.copy_(value)
-                else:
-                    scope.set_var(name, value.to(place.device, copy=True))
-        return pe.run_program, get, put, len(pe.places), pe.runs
+                if cut:  # this place's shard; the full var where it persists
+                    _set(scope, place, zero.vars[name][0], zero.cut(name, value, k))
+                    if not zero.persists(name):
+                        continue
+                _set(scope, place, name, value)
+        t.get, t.declared, t.put = get, declared, put
+        t.places, t.runs = len(pe.places), pe.runs
+        return t
     if program is None:
         raise SSAExecError("save_checkpoint/load_checkpoint on a Scope need program=")
     scope = target
+    t.names = [v.name for v in _persistables(program)]
+    t.params = {v.name for v in _persistables(program) if v.is_parameter}
+
+    def declared_scope(name):
+        have = scope.find_var(name)
+        return None if have is None else (list(have.shape), have.dtype)
 
     def put_scope(name, value):
         scope.set_var(name, value.clone())
-    return program, scope.find_var, put_scope, 1, 0
+    t.get, t.declared, t.put, t.places, t.runs = \
+        scope.find_var, declared_scope, put_scope, 1, 0
+    return t
 
 
-def _describe(program, get):
-    out = {}
-    for var in _persistables(program):
-        t = get(var.name)
-        if t is not None:
-            out[var.name] = [list(t.shape), str(t.dtype).replace("torch.", "")]
-    return out
+def _set(scope, place, name, value):
+    old = scope.vars.get(name)
+    if old is not None and old.shape == value.shape and old.dtype == value.dtype:
+        old.copy_(value)
+    else:
+        scope.set_var(name, value.to(place.device, copy=True))
 
 
-def save_checkpoint(path, target, program=None, state=None, meta=None):
+def _cpu(t):
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+def _dtype(t):
+    return str(t.dtype).replace("torch.", "")
+
+
+def _header(tensors, places, runs, meta, shapes=None):
+    """The checkpoint's own header entries over ``meta`` (``shapes``: the full shape of a
+    var saved as a shard)."""
+    layout = {n: [list((shapes or {}).get(n, t.shape)), _dtype(t)] for n, t in tensors.items()}
+    body = json.dumps(layout, sort_keys=True)
+    clash = sorted(set(meta or ()) & set(_RESERVED))
+    if clash:
+        raise SSAExecError(f"checkpoint meta may not set {', '.join(clash)} (the file's own)")
+    return dict(meta or {}) | {"format": FORMAT, "persistables": body,
+                               "program_hash": hashlib.sha256(body.encode()).hexdigest(),
+                               "places": str(places), "runs": str(runs)}
+
+
+def save_checkpoint(path, target, program=None, state=None, meta=None, sharded=None):
     """Write ``target``'s persistables to ``path`` (safetensors, atomically).
 
     Parameters
@@ -127,41 +255,107 @@ def save_checkpoint(path, target, program=None, state=None, meta=None):
         More tensors to keep (as ``@STATE.<name>``), not checked against the program.
     meta : dict of str to str, optional
         More header entries (not the checkpoint's own keys).
+    sharded : bool, optional
+        An executor with ZeRO shards: True or None (default) writes one file per global
+        rank (``path`` is rank 0's, the others beside it, ``sharded``); False writes
+        the gathered file of full tensors. Either way every process of the run calls
+        it. Without ZeRO, True is an error.
+
+    Returns the header written (rank 0's; on other processes, the header rank 0 writes).
     """
     st = _safetensors()
-    program, get, _, places, runs = _target(target, program)
+    t = _target(target, program)
+    if t.zero is None and sharded:
+        raise SSAExecError("save_checkpoint(sharded=True) needs an executor with ZeRO shards "
+                           "(BuildStrategy(zero_stage=1|2|3))")
+    if t.zero is not None and sharded is not False:
+        return _save_sharded(st, path, t, state, meta)
+    tensors = _full_values(t, target, "save")
+    header = _header(tensors, t.places, t.runs, meta)
+    for name, value in (state or {}).items():
+        tensors[STATE + name] = _cpu(value)
+    header["data_digest"] = _digest(tensors)
+    if t.zero is None or t.zero.process_rank == 0:
+        _write(st, tensors, path, header, t.runs)
+    return header
+
+
+def _full_values(t, target, what):
+    """{name: full CPU tensor} of every persistable with a value (ZeRO: gathered)."""
+    if t.zero is not None:
+        gathered = target.gathered_state()  # a collective across processes
+        return {n: _cpu(v) for n, v in gathered.items()}
     tensors = {}
-    for var in _persistables(program):
-        t = get(var.name)
-        if t is None:
-            if var.is_parameter:
-                raise SSAExecError(f"parameter {var.name!r} has no value: nothing to save")
+    for name in t.names:
+        value = t.get(name)
+        if value is None:
+            if name in t.params:
+                raise SSAExecError(f"parameter {name!r} has no value: nothing to {what}")
             continue
-        tensors[var.name] = t.detach().to("cpu", copy=True).contiguous()
-    layout = {n: [list(t.shape), str(t.dtype).replace("torch.", "")]
-              for n, t in tensors.items()}
-    body = json.dumps(layout, sort_keys=True)
-    clash = sorted(set(meta or ()) & set(_RESERVED))
-    if clash:
-        raise SSAExecError(f"checkpoint meta may not set {', '.join(clash)} (the file's own)")
-    meta = dict(meta or {}) | {"format": FORMAT, "persistables": body,
-                               "program_hash": hashlib.sha256(body.encode()).hexdigest(),
-                               "places": str(places), "runs": str(runs)}
-    for name, t in (state or {}).items():
-        tensors[STATE + name] = t.detach().to("cpu", copy=True).contiguous()
-    meta["data_digest"] = _digest(tensors)
-    _write(st, tensors, path, meta, runs)
-    return meta
+        tensors[name] = _cpu(value)
+    return tensors
+
+
+def _save_sharded(st, path, t, state, meta):
+    """Every rank of this process writes its file; rank 0's entry goes last, once every
+    other rank's file is in place (``sharded``'s policy)."""
+    zero, path = t.zero, os.fspath(path)
+    shapes, sizes, dtypes = {}, {}, {}
+    files = {}
+    for k, rank in enumerate(zero.ranks):
+        tensors = {}
+        for name, (_, shape, numel, size) in zero.vars.items():
+            value = zero.shard(name, k)
+            if value is None:
+                continue
+            if value.dim() != 1 or value.numel() != size:  # the layout's own contract
+                raise SSAExecError(f"ZeRO shard of {name!r} on place {k} has shape "
+                                   f"{list(value.shape)}, the layout says {size} elements")
+            tensors[name] = _cpu(value)
+            shapes[name], sizes[name], dtypes[name] = shape, [numel, size], _dtype(value)
+        files[rank] = tensors
+    digests = {}
+    for rank, tensors in files.items():
+        if rank == 0:
+            continue
+        digests[rank] = _digest(tensors)
+        header = {"format": shards.SHARD_FORMAT, "shard": shards.shard_meta(rank, zero.world),
+                  "runs": str(t.runs), "data_digest": digests[rank]}
+        _write(st, tensors, shards.shard_path(path, rank, zero.world), header, t.runs)
+    entry = files.get(0)
+    if entry is not None:
+        for name in t.names:
+            if name not in zero.vars and (value := t.get(name)) is not None:
+                entry[name] = _cpu(value)
+            elif name not in zero.vars and name in t.params:
+                raise SSAExecError(f"parameter {name!r} has no value: nothing to save")
+        header = _header(entry, t.places, t.runs, meta, shapes)
+        header["format"] = shards.ENTRY_FORMAT
+        for name, value in (state or {}).items():
+            entry[STATE + name] = _cpu(value)
+        digests[0] = _digest(entry)
+    everyone = {}
+    for part in zero.exchange(digests, "exchange of the checkpoint shards' digests"):
+        everyone.update(part)  # every rank's file is written once this returns
+    if entry is None:
+        return None
+    header["shards"] = json.dumps({"world": zero.world, "vars": sizes,
+                                   "files": [everyone[r] for r in range(zero.world)]},
+                                  sort_keys=True)
+    header["data_digest"] = digests[0]
+    _write(st, entry, path, header, t.runs)
+    return header
 
 
 def save_parameters(path, target, program=None):
     """Write ``target``'s parameters alone to ``path`` (safetensors, atomically): the
-    trained weights, by var name, for any safetensors reader."""
+    trained weights, by var name, for any safetensors reader. Under ZeRO they are
+    gathered (every process calls it; rank 0 writes)."""
     st = _safetensors()
-    program, get, _, _, runs = _target(target, program)
-    tensors = {v.name: get(v.name).detach().to("cpu", copy=True).contiguous()
-               for v in _persistables(program) if v.is_parameter and get(v.name) is not None}
-    _write(st, tensors, path, {"format": "ssaexec-parameters/1", "runs": str(runs)}, None)
+    t = _target(target, program)
+    tensors = {n: v for n, v in _full_values(t, target, "save").items() if n in t.params}
+    if t.zero is None or t.zero.process_rank == 0:
+        _write(st, tensors, path, {"format": "ssaexec-parameters/1", "runs": str(t.runs)}, None)
 
 
 def _write(st, tensors, path, meta, runs):
@@ -187,23 +381,24 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
     tensor was read and fitted to the program and before any of them is written: a
     refused checkpoint loads nothing. ``follow_symlinks=False`` refuses a symlink at
     ``path``; anything but a regular file (a FIFO, a folder) is always refused, never
-    opened for a blocking read.
+    opened for a blocking read. A sharded checkpoint (every rank's file beside ``path``)
+    loads whole into any run, resharded for a ZeRO target's ranks.
     """
     meta, tensors = read_checkpoint(path, follow_symlinks)
     runs = _runs(meta.get("runs", "0"), path)
-    program, get, put, _, _ = _target(target, program)
+    t = _target(target, program)
     kept = {n[len(STATE):]: tensors.pop(n) for n in [n for n in tensors if n.startswith(STATE)]}
-    want = {v.name: v for v in _persistables(program)}
+    want = set(t.names)
+    have = {n: t.declared(n) for n in want}
     missing = sorted(n for n in want if n not in tensors and not _optional(n)
-                     and get(n) is not None)
+                     and have[n] is not None)
     extra = sorted(n for n in tensors if n not in want and not _optional(n))
     mismatched = []
-    for n, t in tensors.items():
-        have = get(n) if n in want else None
-        if have is not None and (list(have.shape) != list(t.shape) or have.dtype != t.dtype):
-            mismatched.append(f"{n} (checkpoint {list(t.shape)} "
-                              f"{str(t.dtype).replace('torch.', '')}, program "
-                              f"{list(have.shape)} {str(have.dtype).replace('torch.', '')})")
+    for n, value in tensors.items():
+        d = have.get(n)
+        if d is not None and (list(d[0]) != list(value.shape) or d[1] != value.dtype):
+            mismatched.append(f"{n} (checkpoint {list(value.shape)} {_dtype(value)}, program "
+                              f"{list(d[0])} {str(d[1]).replace('torch.', '')})")
     if missing or extra or mismatched:
         parts = [f"{label}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
                  for label, names in (("missing from the checkpoint", missing),
@@ -212,10 +407,12 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
         raise SSAExecError(f"{path} does not fit this program: " + "; ".join(parts))
     if check is not None:
         check(meta, kept)
-    check_values(want, tensors, f"checkpoint {path}")  # the declarations (runtime.boundary)
-    for n, t in tensors.items():
+    declarations = _declarations(target, program, t)
+    check_values({n: v for n, v in declarations.items() if n in want}, tensors,
+                 f"checkpoint {path}")  # the declarations (runtime.boundary)
+    for n, value in tensors.items():
         if n in want:
-            put(n, t)
+            t.put(n, value)
     if hasattr(target, "local_scopes"):
         target.runs = runs
     if state is not None:
@@ -223,21 +420,33 @@ def load_checkpoint(path, target, program=None, state=None, check=None, follow_s
     return meta
 
 
+def _declarations(target, program, t):
+    """{name: VarDesc} of the plain program's persistables (a ZeRO run program's shard
+    vars are not; its sharded vars are checked by ``declared`` alone)."""
+    prog = program if not hasattr(target, "local_scopes") else \
+        t.zero.plain_program() if t.zero is not None else target.run_program
+    return {v.name: v for v in _persistables(prog) if v.name in set(t.names)}
+
+
 def read_checkpoint(path, follow_symlinks=True):
     """(metadata, every tensor) of the checkpoint at ``path``, read whole and checked (the
     format, ``runs``, the data against its header and its digest); nothing is loaded.
-    Only a regular file is opened, without blocking; ``follow_symlinks=False`` refuses a
-    symlink at ``path``. ``SSAExecError`` names what is wrong."""
+    A sharded checkpoint's files are read and checked too, and its vars returned whole.
+    Only regular files are opened, without blocking; ``follow_symlinks=False`` refuses a
+    symlink at ``path`` (and at every shard file). ``SSAExecError`` names what is wrong."""
     st = _safetensors()
     path = os.fspath(path)
     fd = open_input(path, "checkpoint", "a checkpoint file", SSAExecError, follow_symlinks)
     try:
-        return _read(st, path, fd_path(fd, path))
+        meta, tensors = _read(st, path, fd_path(fd, path))
     finally:
         os.close(fd)
+    if meta.get("format") == shards.ENTRY_FORMAT:
+        tensors = _assemble(st, path, meta, tensors, follow_symlinks)
+    return meta, tensors
 
 
-def _read(st, path, source):
+def _read(st, path, source, formats=(FORMAT, shards.ENTRY_FORMAT)):
     """(metadata, every tensor) of the checkpoint file ``source`` names (``path`` in
     errors): all of it read and checked before anything is loaded."""
     try:
@@ -246,9 +455,9 @@ def _read(st, path, source):
             meta = f.metadata() or {}
     except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
         raise SSAExecError(f"{path}: not a readable safetensors checkpoint ({e})") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in formats:
         raise SSAExecError(f"{path}: not an ssaexec checkpoint (format "
-                           f"{_clip(meta.get('format'))}, expected {FORMAT!r})")
+                           f"{_clip(meta.get('format'))}, expected {formats[0]!r})")
     _runs(meta.get("runs", "0"), path)
     try:
         tensors = st.load_file(source)
@@ -259,6 +468,43 @@ def _read(st, path, source):
         raise SSAExecError(f"{path}: its data does not match the digest saved with it (the "
                            "file was damaged or changed after it was written)")
     return meta, tensors
+
+
+def _assemble(st, path, meta, tensors, follow_symlinks):
+    """The full tensors of the sharded checkpoint whose entry ``path`` holds ``meta`` and
+    rank 0's ``tensors``: every rank's file read and checked, each var joined."""
+    decl = shards.parse_persistables(meta.get("persistables"), path)
+    world, sizes, files = shards.parse_index(meta.get("shards"), decl, path)
+    if meta.get("data_digest") != files[0]:
+        raise SSAExecError(f"{path}: its data digest is not the one its index gives rank 0")
+    dtypes = {n: decl[n][1] for n in sizes}
+    expected = {n: s for n, (_, s) in sizes.items()}
+    shards.check_shard(path, tensors, expected, dtypes,
+                       lambda n: n.startswith(STATE) or n in decl)
+    parts = {n: [tensors.pop(n)] for n in sizes}
+    for rank in range(1, world):
+        where = shards.shard_path(path, rank, world)
+        try:
+            fd = open_input(where, "checkpoint shard file", "a checkpoint shard file",
+                            SSAExecError, follow_symlinks)
+        except SSAExecError as e:
+            raise SSAExecError(f"{path} is a checkpoint of {world} ranks, and the file of "
+                               f"rank {rank} is not usable: {e}") from None
+        try:
+            shard_meta, got = _read(st, where, fd_path(fd, where), (shards.SHARD_FORMAT,))
+        finally:
+            os.close(fd)
+        shards.check_shard_meta(shard_meta, where, rank, world)
+        if shard_meta.get("data_digest") != files[rank]:
+            raise SSAExecError(f"{where}: not the shard file {path} was saved with (its data "
+                               "digest differs from the one the index gives rank "
+                               f"{rank})")
+        shards.check_shard(where, got, expected, dtypes, lambda n: False)
+        for n in sizes:
+            parts[n].append(got[n])
+    for n in sizes:
+        tensors[n] = shards.join(parts.pop(n), decl[n][0])
+    return tensors
 
 
 def _digest(tensors):
