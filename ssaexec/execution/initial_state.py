@@ -9,8 +9,9 @@ place gets its own copy, so all replicas start identical.
 Invariants: a parameter without a value is an ``SSAExecError`` (the startup program
 did not run); the values the programs read before writing are checked against their
 declarations once, before any place holds them (``runtime.boundary``: the error names
-the startup program's op that wrote a misfit); under ZeRO an optimizer state var goes
-to its owner place only (``zero_owners``).
+the startup program's op that wrote a misfit); under ZeRO (``program.shard``) each place gets its global rank's slice of every
+sharded parameter and optimizer state, cut from the full values in the executor's
+scope (``shard_persistables``).
 """
 
 import torch
@@ -19,7 +20,7 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import SSAExecError
 from ..runtime.boundary import check_value, entering_vars, startup_source
 
-__all__ = ["init_added_state", "broadcast_persistables"]
+__all__ = ["init_added_state", "broadcast_persistables", "shard_persistables"]
 
 
 def init_added_state(program, scope):
@@ -77,3 +78,30 @@ def broadcast_persistables(programs, scope, places, local_scopes, owned, startup
                 ls.set_var(var.name, src)  # place 0 shares the user's scope
             else:
                 ls.set_var(var.name, src.detach().to(place.device, copy=True))
+
+
+def shard_persistables(layout, scope, places, local_scopes, first_rank=0):
+    """ZeRO: write each place's shards of the sharded parameters and state.
+
+    Place ``i`` is global rank ``first_rank + i``; its ``p@SHARD`` is
+    ``layout.shard_of(flat(p), rank)`` of the full value in ``scope`` (every process
+    holds the same full values: rank 0's, after the start-up broadcast). A state var
+    the scope lacks starts at zeros (as the optimizers' start-up programs make it).
+    """
+    if layout is None:
+        return
+    for sp in layout:
+        for full, shard in sp.full_names().items():
+            src = scope.find_var(full)
+            if src is None:
+                if full == sp.name:
+                    raise SSAExecError(f"parameter {full!r} has no value in the scope: run "
+                                       "the startup program first or pass startup_program=")
+                src = torch.zeros(sp.shape, dtype=torch_dtype(sp.dtype))
+            if list(src.shape) != sp.shape:
+                raise SSAExecError(f"{full!r} has shape {list(src.shape)} in the scope, but "
+                                   f"the program declares {sp.shape}")
+            flat = src.detach().reshape(-1)
+            for i, (place, ls) in enumerate(zip(places, local_scopes, strict=True)):
+                part = layout.shard_of(flat, first_rank + i, sp.shard_size)
+                ls.set_var(shard, part.to(place.device))

@@ -49,7 +49,7 @@ choosing that runner itself (``_observing``); it never writes the caller's
 Size: the executor's public surface (set-up, variables, running, observing) is one
 class, a facade; each decision it makes lives in a part of its own, in
 ``ssaexec.execution``: ``runner_cache`` (which runner runs a step), ``initial_state``
-(the broadcast of the persistables), ``zero_owners`` (ZeRO's optimizer state),
+(the broadcast of the persistables, ZeRO's shards),
 ``learning_rate``, ``shared_vars`` (``share_vars_from``), ``cuda_graphs``,
 ``fetch_merge`` and ``torch_threads``. Beside it: ``step_programs`` (the per-phase
 programs), ``observe`` (the per-op instrumentation), ``threading_probe`` (pool or
@@ -69,10 +69,9 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import SSAExecError
 from . import cuda_graphs, learning_rate, shared_vars
 from .fetch_merge import merge_fetched
-from .initial_state import broadcast_persistables, init_added_state
+from .initial_state import broadcast_persistables, init_added_state, shard_persistables
 from .runner_cache import RunnerCache
 from .torch_threads import TorchThreads
-from .zero_owners import state_owners
 from .executor import Executor, fetch_names
 from ..data.feed import bind_feeds, forget_feeds, place_feeds
 from .observe import instrumented
@@ -186,7 +185,10 @@ class ParallelExecutor:
                                     self.run_program, self.scope)
             programs = self._step_programs()
             broadcast_persistables(programs, self.scope, self.places, self.local_scopes,
-                                   self.state_owners(), startup_program)
+                                   {}, startup_program)
+            shard_persistables(self.shard_layout(), self.scope, self.places,
+                               self.local_scopes,
+                               self.build_strategy.trainer_id * len(self.places))
             self._entry.trust(programs, self.local_scopes)
         except BaseException:
             self.close()
@@ -204,8 +206,10 @@ class ParallelExecutor:
     def program_for(self, phase="apply"):
         """The program of ``phase``: "apply" (a full step) or "accumulate" (a micro-batch
         that only accumulates gradients; None without gradient accumulation)."""
+        bs = self.build_strategy
         return self._programs.program_for(self.program, phase, self.exec_strategy,
-                                          self.build_strategy.gradient_accumulation_steps)
+                                          bs.gradient_accumulation_steps,
+                                          (bs.zero_stage, len(self.places) * bs.num_trainers))
 
     def _share_vars(self, other):
         if not isinstance(other, ParallelExecutor):
@@ -216,9 +220,45 @@ class ParallelExecutor:
         self._shadowing = shared_vars.shadowable(self.program)
 
     def state_owners(self):
-        """ZeRO (``BuildStrategy(zero_stage=1|2)``): ``{optimizer state var: owner place
-        index}`` for the state only its parameter's owner place keeps; {} otherwise."""
-        return state_owners(self.run_program, self.build_strategy, len(self.places))
+        """{} (kept for callers of the owner-based ZeRO this replaced): every place holds
+        its shard of every sharded var (``shard_layout``), and whole every other one."""
+        return {}
+
+    def shard_layout(self):
+        """ZeRO's ``program.shard.ShardLayout`` of the full step (which parameters and
+        state are sharded over which ranks), or None without ZeRO (or one rank)."""
+        return self.program_for("layout")
+
+    def _gathered(self, name):
+        # the full value of a sharded parameter or state var (every rank's shard joined)
+        layout = self.shard_layout()
+        sp, shard = layout.sharded(name)
+        shards = [s.find_var(shard) for s in self.local_scopes]
+        if any(t is None for t in shards):
+            raise SSAExecError(f"var {name!r}: its shard {shard!r} has no value on a place")
+        outs = [torch.empty(layout.world * sp.shard_size, dtype=t.dtype, device=t.device)
+                for t in shards]
+        self._collective.all_gather(shards, outs, label=f"gather({name})")
+        n = sp.numel
+        return outs[0][:n].reshape(sp.shape).clone()
+
+    def gathered_state(self):
+        """``{name: full tensor}`` of every persistable the (unsharded) full-step program
+        declares: a ZeRO shard's every rank joined, any other var as place 0 holds it.
+        What ``write_back``, checkpoints' gathered export and fetches of sharded vars
+        use. In a multi-process run, call it on every process (it gathers)."""
+        layout = self.shard_layout()
+        out = {}
+        for var in self.program_for("plain").global_block().vars.values():
+            if not var.persistable:
+                continue
+            if layout is not None and layout.sharded(var.name) is not None:
+                out[var.name] = self._gathered(var.name)
+                continue
+            t = self.local_scopes[0].find_var(var.name)
+            if t is not None:
+                out[var.name] = t.detach().clone()
+        return out
 
     def _step_programs(self):
         """The programs a step may run: the full step's and, with gradient accumulation,
@@ -255,11 +295,25 @@ class ParallelExecutor:
         overwritten in place, so captured CUDA graphs and aliases see the new value. In
         a multi-process run, call it on every process with the same value.
         """
+        layout = self.shard_layout()
+        sharded = layout.sharded(name) if layout is not None else None
         var = self.run_program.global_block().find_var(name)
+        if sharded is not None:
+            var = self.program_for("plain").global_block().find_var(name)
         dtype = torch_dtype(var.dtype) if var is not None else None
         value = torch.as_tensor(value, dtype=dtype)  # numbers and lists take the dtype
         if var is not None:
             check_value(var, value, SET_VAR, self.places[0].device, moves=True)
+        if sharded is not None:  # ZeRO: each place its rank's slice
+            sp, shard = sharded
+            first = self.build_strategy.trainer_id * len(self.places)
+            for i, (place, scope) in enumerate(zip(self.places, self.local_scopes,
+                                                   strict=True)):
+                part = layout.shard_of(value.reshape(-1), first + i, sp.shard_size)
+                scope.set_var(shard, part.to(place.device))
+            run_var = self.run_program.global_block().find_var(name)
+            if run_var is None or not run_var.persistable:
+                return  # stage 3's parameters, sharded state: the shards are all
         for place, scope in zip(self.places, self.local_scopes, strict=True):
             old = scope.vars.get(name)
             if old is not None and old.shape == value.shape and old.dtype == value.dtype:
@@ -272,6 +326,9 @@ class ParallelExecutor:
         if not 0 <= place < len(self.places):
             raise SSAExecError(f"place {place} does not exist: this executor has "
                                f"{len(self.places)} places")
+        layout = self.shard_layout()
+        if layout is not None and layout.sharded(name) is not None:
+            return self._gathered(name)  # ZeRO: the full value (every place's alike)
         t = self.local_scopes[place].find_var(name)
         if t is None:
             raise SSAExecError(f"var {name!r} has no value on {self.places[place]}")
@@ -357,7 +414,8 @@ class ParallelExecutor:
             raise SSAExecError("this ParallelExecutor is closed")
         self._group.check()
         fetch = fetch_names(fetch_list)
-        runner = self._runner(fetch, self._phase())
+        gathered = self._gathered_fetches(fetch)
+        runner = self._runner(tuple(n for n in fetch if n not in gathered), self._phase())
         # random ops seed from the executor's run count, whatever runner runs the step, so
         # a checkpoint's ``runs`` restores the masks of the steps after it (runtime.rng)
         runner.step[0] = self._micro_step
@@ -393,12 +451,29 @@ class ParallelExecutor:
         finally:
             self._entry.after(self.local_scopes, ok)
         self._micro_step += 1
+        for name in gathered:  # ZeRO: a sharded var is fetched joined, after the step
+            fetched[name] = [self._gathered(name)] * len(self.places)
         if self._shadowing is not None:
             shared_vars.unshadow(self.local_scopes, self._shadowing)
         if not return_merged:
             return [fetched[name] for name in fetch]
-        block = self.run_program.global_block()
+        block = self.program_for("plain").global_block()
         return [merge_fetched(block.find_var(name), fetched[name]) for name in fetch]
+
+    def _gathered_fetches(self, fetch):
+        # ZeRO: fetched vars that no place holds whole (stage 3's parameters, sharded
+        # optimizer state): joined from their shards after the step
+        layout = self.shard_layout()
+        if layout is None:
+            return ()
+        block = self.run_program.global_block()
+        out = []
+        for name in fetch:
+            if layout.sharded(name) is not None:
+                var = block.find_var(name)
+                if var is None or not var.persistable:
+                    out.append(name)
+        return tuple(out)
 
     def cuda_graph_status(self, fetch_list=None):
         """Captured CUDA graphs for ``fetch_list``: ``{"captured", "replays", "cached",

@@ -9,10 +9,13 @@ graph is made in steps, each a pure function from a ``BuildGraph`` to the next o
                        (1/ranks, 1), or go (``customized``: the user feeds it)
 ``sparse_gradients``   mark sparse gradient producers (``is_sparse``, sparse + sparse),
                        or make them dense in the graph's copy (``sparse_gradients=False``)
-``zero_owners``        reduce strategy and ZeRO: owner places (balanced by gradient
-                       bytes); an optimizer op keeps its owner's node only
+``zero_owners``        reduce strategy: owner places (balanced by gradient bytes); an
+                       optimizer op keeps its owner's node only
 ``insert_collectives`` after a gradient's producer, its all-reduce (or reduce to the
                        owner); after an owner's optimizer op, the parameter broadcast
+``shard_collectives``  ZeRO (``program.shard``): a sharded gradient's reduce-scatter
+                       (and free), the parameters' all-gathers (after the update;
+                       stage 3: before use, with frees after, and prefetch edges)
 ``fuse_buckets``       with bucketing, the dense all-reduces become one per bucket,
                        placed where it fills, before an op that touches a waiting
                        gradient, or at the end
@@ -44,10 +47,12 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import GraphError, ProgramError
 from ..core.limits import depth_problem
 from ..program.desc import EMPTY_VAR, OpDesc
+from ..program.shard import shard_program
 from .fuse import GradBucketer
-from .ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
-                  CollectiveOpHandle, ComputationOpHandle, FetchOpHandle, ReduceOpHandle,
-                  ScaleLossGradOpHandle, SSAGraph)
+from .ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
+                  BroadcastOpHandle, CollectiveOpHandle, ComputationOpHandle, FetchOpHandle,
+                  FreeOpHandle, ReduceOpHandle, ReduceScatterOpHandle, ScaleLossGradOpHandle,
+                  SSAGraph)
 
 __all__ = ["Node", "Edge", "BuildGraph", "Pass", "PASSES", "PASS_NAMES", "run_passes",
            "materialize", "op_reads_writes", "grad_owners"]
@@ -163,6 +168,7 @@ class BuildGraph:
     items: tuple = ()
     param_owner: dict = field(default_factory=dict)
     collectives: tuple = ()
+    shard_layout: object = None  # ZeRO's program.shard.ShardLayout, or None
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -174,14 +180,18 @@ class BuildGraph:
     # the policy every pass reads from the strategy, decided here once
     @property
     def reduce_mode(self):
-        """Owners alone receive the summed gradient (reduce strategy, ZeRO 2)."""
-        s = self.strategy
-        return s.reduce_strategy == "reduce" or s.zero_stage == 2
+        """Owners alone receive the summed gradient (reduce strategy)."""
+        return self.strategy.reduce_strategy == "reduce"
 
     @property
     def owner_mode(self):
-        """Owners alone update their parameters (reduce strategy, ZeRO 1 and 2)."""
-        return self.reduce_mode or self.strategy.zero_stage == 1
+        """Owners alone update their parameters (reduce strategy)."""
+        return self.reduce_mode
+
+    @property
+    def sharded(self):
+        """``{parameter: ShardedParam}`` of ZeRO (empty without)."""
+        return self.shard_layout.params if self.shard_layout is not None else {}
 
     @property
     def wire(self):
@@ -193,6 +203,7 @@ def materialize(bg):
     """The ``SSAGraph`` of ``bg``: its items replayed through ``add_op``/``read``/``write``."""
     g = SSAGraph(bg.program, bg.places, bg.strategy)
     g.param_owner = dict(bg.param_owner)
+    g.shard_layout = bg.shard_layout
     handle = {}
 
     def resolve(a):
@@ -330,8 +341,9 @@ def _dense_grad(op):
 
 
 def zero_owners(bg):
-    """Reduce strategy and ZeRO 1/2: each parameter gets an owner place (``grad_owners``),
-    and an optimizer op's node stays on its parameter's owner only."""
+    """Reduce strategy: each parameter gets an owner place (``grad_owners``), and an
+    optimizer op's node stays on its parameter's owner only. (ZeRO shards instead:
+    ``shard_collectives``.)"""
     if not bg.owner_mode:
         return bg
     owners = grad_owners(bg.program, _param_grads(bg.program), len(bg.places))
@@ -372,6 +384,8 @@ def insert_collectives(bg):
         op = first.op
         if op.role == "backward" and first.cls is ComputationOpHandle:
             for p, grad in op.role_var:
+                if p in bg.sharded:
+                    continue  # ZeRO: reduce-scattered (shard_collectives)
                 if bg.reduce_mode:
                     owner = bg.param_owner[p]
                     io = (("read", range(n), (grad,)), ("write", (owner,), (grad,)))
@@ -386,6 +400,116 @@ def insert_collectives(bg):
             io = (("read", (root,), (p,)), ("write", others, (p,)))
             out.append(Node(BroadcastOpHandle, ([p], root), io, op_index=idx))
     return bg.replace(items=tuple(out))
+
+
+def shard_collectives(bg):
+    """ZeRO (``BuildStrategy(zero_stage=1|2|3)``, the layout of ``program.shard``).
+
+    * After a sharded gradient's producer: its ``ReduceScatterOpHandle`` into the
+      gradient's shard on every place; stages 2 and 3 then free the full gradient on
+      each place (``FreeOpHandle``; an accumulator, persistable, stays).
+    * Stages 1 and 2: after a parameter's update (on its shard, every place), its
+      ``AllGatherOpHandle`` rewrites the full parameter in place.
+    * Stage 3: the parameters of a group (those whose first reader in a phase is the
+      same op: a layer) are gathered by one all-gather right before that reader and
+      freed on each place after their last reader of the phase. The phases are forward
+      and the rest (backward), or one with ``reshard_after_forward=False``.
+      Prefetch: the gather of group k waits for the first readers of group
+      k-1-``zero_prefetch`` (a ``prefetch`` dummy edge), so at most
+      ``zero_prefetch``+1 groups are gathered ahead of the compute reading them.
+    """
+    layout = bg.shard_layout
+    if layout is None or not len(layout):
+        return bg
+    n, strategy = len(bg.places), bg.strategy
+    stage = layout.stage
+    ops = bg.program.global_block().ops
+    block = bg.program.global_block()
+    gather_wire = {"bf16": "bfloat16", "fp16": "float16"}.get(strategy.zero_gather_dtype)
+    everyone = range(n)
+    before, after = {}, {}  # op index -> nodes to put before / after its nodes
+
+    def free_nodes(names, idx):
+        return [Node(FreeOpHandle, (list(names), bg.places[pi], pi),
+                     (("write", (pi,), tuple(names)),), op_index=idx, place_idx=pi)
+                for pi in everyone]
+
+    for i, op in enumerate(ops):
+        if op.role == "backward":
+            for p, grad in op.role_var:
+                sp = bg.sharded.get(p)
+                if sp is None or sp.grad is None:
+                    continue
+                shard = grad + "@SHARD"
+                io = (("read", everyone, (grad,)), ("write", everyone, (shard,)))
+                after.setdefault(i, []).append(
+                    Node(ReduceScatterOpHandle, ([grad], [shard], bg.wire), io, op_index=i))
+                var = block.find_var(grad)
+                if stage >= 2 and not (var is not None and var.persistable):
+                    after[i].extend(free_nodes([grad], i))
+        if stage < 3 and op.role == "optimize" and op.role_var and \
+                op.role_var[0][0] in bg.sharded:
+            sp = bg.sharded[op.role_var[0][0]]
+            io = (("read", everyone, (sp.shard_name, sp.name)),
+                  ("write", everyone, (sp.name,)))
+            after.setdefault(i, []).append(
+                Node(AllGatherOpHandle, ([sp.name], [sp.shard_name], [sp.shape], gather_wire),
+                     io, op_index=i))
+    if stage == 3:
+        _stage3_gathers(bg, ops, before, after, free_nodes, gather_wire)
+    out = []
+    for idx, group in _by_op(bg.items):
+        out.extend(before.pop(idx, ()) if idx is not None else ())
+        out.extend(group)
+        out.extend(after.pop(idx, ()) if idx is not None else ())
+    if before or after:
+        raise GraphError(f"shard_collectives: program ops {sorted(set(before) | set(after))} "
+                         "have no nodes to place ZeRO's collectives by")
+    return bg.replace(items=tuple(out))
+
+
+def _stage3_gathers(bg, ops, before, after, free_nodes, gather_wire):
+    """Stage 3's gathers, frees and prefetch edges into ``before``/``after``."""
+    readers = {}
+    for i, op in enumerate(ops):
+        for name in op_reads_writes(bg.program, op)[0]:
+            if name in bg.sharded:
+                readers.setdefault(name, []).append(i)
+    groups = {}  # first reader op index -> [ShardedParam]
+    frees = {}   # last reader op index -> [param names]
+    for sp in bg.sharded.values():
+        rs = readers.get(sp.name, [])
+        if not rs:
+            continue
+        fwd = [i for i in rs if ops[i].role == "forward"]
+        rest = [i for i in rs if ops[i].role != "forward"]
+        if not bg.strategy.reshard_after_forward or not fwd or not rest or \
+                min(rest) < max(fwd):
+            spans = [rs]
+        else:
+            spans = [fwd, rest]
+        for span in spans:
+            groups.setdefault(min(span), []).append(sp)
+            frees.setdefault(max(span), []).append(sp.name)
+    nodes_of = {}
+    for it in bg.items:
+        if isinstance(it, Node) and it.cls is ComputationOpHandle:
+            nodes_of.setdefault(it.op_index, []).append(it)
+    everyone = range(len(bg.places))
+    firsts = sorted(groups)
+    for k, first in enumerate(firsts):
+        sps = groups[first]
+        io = [("read", everyone, tuple(sp.shard_name for sp in sps)),
+              ("write", everyone, tuple(sp.name for sp in sps))]
+        j = k - 1 - bg.strategy.zero_prefetch
+        if j >= 0:
+            io.extend(("after", r, "prefetch") for r in nodes_of.get(firsts[j], ()))
+        before.setdefault(first, []).append(
+            Node(AllGatherOpHandle, ([sp.name for sp in sps], [sp.shard_name for sp in sps],
+                                     [sp.shape for sp in sps], gather_wire),
+                 tuple(io), op_index=first))
+    for last, names in frees.items():
+        after.setdefault(last, []).extend(free_nodes(names, last))
 
 
 def fuse_buckets(bg):
@@ -502,6 +626,8 @@ PASSES = (
          "reduce strategy and ZeRO: owner places; optimizer ops on their owner only"),
     Pass("insert_collectives", insert_collectives,
          "after each gradient's producer its all-reduce (or reduce); parameter broadcasts"),
+    Pass("shard_collectives", shard_collectives,
+         "ZeRO: reduce-scatters, all-gathers and frees of the sharded parameters"),
     Pass("fuse_buckets", fuse_buckets, "dense all-reduces become one per gradient bucket"),
     Pass("async_wait", async_wait, "several processes: a wait node after each all-reduce"),
     Pass("sequential", sequential, "enable_sequential_execution: program order per place"),
@@ -518,7 +644,15 @@ def run_passes(program, places, strategy, fetch_list=(), passes=PASSES, after=No
     ``after(pass, build_graph)``, when given, sees the graph after each pass (the
     debugging dumps: ``materialize`` it to draw it).
     """
-    bg = BuildGraph(program, tuple(places), strategy, tuple(fetch_list or ()))
+    layout = None
+    world = len(places) * strategy.num_trainers
+    if strategy.zero_stage and world > 1:
+        program, layout = shard_program(program, strategy.zero_stage, world)
+    elif any(n.endswith("@SHARD") for n in program.global_block().vars):
+        raise GraphError(f"the program is sharded (ZeRO's @SHARD vars) but the strategy "
+                         f"has zero_stage={strategy.zero_stage} over {world} rank(s)")
+    bg = BuildGraph(program, tuple(places), strategy, tuple(fetch_list or ()),
+                    shard_layout=layout)
     for p in passes:
         bg = p(bg)
         if after is not None:

@@ -63,7 +63,7 @@ class SSAGraph:
     """Per-place versioned vars and all op handles (ids are indices into ``ops``)."""
 
     __slots__ = ("places", "program", "vars", "ops", "dummies", "collectives", "fetches",
-                 "strategy", "param_owner", "_edges", "__weakref__")
+                 "strategy", "param_owner", "shard_layout", "_edges", "__weakref__")
 
     def __init__(self, program, places, strategy):
         self.program = program
@@ -75,6 +75,7 @@ class SSAGraph:
         self.fetches = []
         self.strategy = strategy
         self.param_owner = {}
+        self.shard_layout = None  # ZeRO: program.shard.ShardLayout (graph.passes)
         # the (reader, var) and (before, after) pairs that ``read`` and ``depend`` have
         # joined, so each asks "joined already?" in O(1): a var read by N ops (or a writer
         # after N readers) made the list scans O(N**2), 9.5 s for a 1 MB file. Handles and
@@ -218,7 +219,7 @@ class SSAGraph:
                                          f"but may run before {pw.name} writes {prev!r}")
         reducers = {}
         for op in self.ops:
-            if isinstance(op, (AllReduceOpHandle, ReduceOpHandle)):
+            if isinstance(op, (AllReduceOpHandle, ReduceOpHandle, ReduceScatterOpHandle)):
                 for name in op.var_names:
                     reducers.setdefault(name, []).append(op)
         for p, g in self.param_grads():

@@ -47,7 +47,7 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import ProgramError
 
 __all__ = ["SHARD_SUFFIX", "ELEMENTWISE", "ShardedParam", "ShardLayout", "shard_program",
-           "layout_of", "is_sharded"]
+           "layout_of", "shard_like", "is_sharded"]
 
 SHARD_SUFFIX = "@SHARD"
 
@@ -304,34 +304,58 @@ def shard_program(program, stage, world):
     return run, ShardLayout(world, stage, params)
 
 
+def shard_like(program, layout):
+    """``program`` (a copy) with the parameters of ``layout`` sharded as a run program of
+    ``shard_program`` holds them, for a program that updates nothing (gradient
+    accumulation's micro-batches): their shards declared and, under stage 3, the full
+    parameters no longer persistable (the graph gathers them)."""
+    if is_sharded(program) or not len(layout):
+        return program
+    run = program.clone()
+    block = run.global_block()
+    for sp in layout:
+        block.create_var(sp.shard_name, shape=[sp.shard_size], dtype=sp.dtype,
+                         persistable=True)
+        if layout.stage == 3:
+            block.update_var(sp.name, persistable=False)
+    return run
+
+
 def layout_of(program, world, stage=None):
-    """The ``ShardLayout`` of a run program of ``shard_program`` over ``world`` ranks
-    (an empty one for a program that is not sharded). ``stage``, when given, is checked
-    against the program (stage 3 makes its parameters non-persistable)."""
+    """The ``ShardLayout`` of a run program of ``shard_program`` (or ``shard_like``) over
+    ``world`` ranks (an empty one for a program that is not sharded). ``stage``, when
+    given, is checked against the program (stage 3 makes its parameters
+    non-persistable)."""
     block = program.global_block()
+    updates = _updates(block)
     params = []
     three = None
-    for p, ops in _updates(block).items():
-        shard = p + SHARD_SUFFIX
-        svar = block.find_var(shard)
-        if svar is None:
+    for shard in list(block.vars):
+        if not shard.endswith(SHARD_SUFFIX):
             continue
-        var = block.var(p)
-        upd = ops[0]
-        if upd.type not in ELEMENTWISE:
-            raise ProgramError(f"{shard!r} is declared, but {p!r} is updated by "
-                               f"{upd.type!r}, which does not run on shards")
-        gs = upd.input(ELEMENTWISE[upd.type][2])
-        if len(gs) != 1 or not gs[0].endswith(SHARD_SUFFIX):
-            raise ProgramError(f"the update of {p!r} reads gradient {gs}, not a shard")
-        g = gs[0][:-len(SHARD_SUFFIX)]
+        p = shard[:-len(SHARD_SUFFIX)]
+        var = block.find_var(p)
+        if var is None or not var.is_parameter:
+            continue  # a gradient's or a state's shard
+        svar = block.var(shard)
         s = math.ceil(var.numel / world)
         if svar.shape != [s]:
             raise ProgramError(f"{shard!r} has shape {svar.shape}, but a world of {world} "
                                f"ranks gives {var.shape} shards of [{s}]: the program was "
                                "sharded for another world size")
-        state = [(n[:-len(SHARD_SUFFIX)], n) for n in upd.input_names()
-                 if n.endswith(SHARD_SUFFIX) and n not in (shard, g + SHARD_SUFFIX)]
+        g, state = None, []
+        ups = updates.get(p, [])
+        if ups:
+            upd = ups[0]
+            if upd.type not in ELEMENTWISE:
+                raise ProgramError(f"{shard!r} is declared, but {p!r} is updated by "
+                                   f"{upd.type!r}, which does not run on shards")
+            gs = upd.input(ELEMENTWISE[upd.type][2])
+            if len(gs) != 1 or not gs[0].endswith(SHARD_SUFFIX):
+                raise ProgramError(f"the update of {p!r} reads gradient {gs}, not a shard")
+            g = gs[0][:-len(SHARD_SUFFIX)]
+            state = [(n[:-len(SHARD_SUFFIX)], n) for n in upd.input_names()
+                     if n.endswith(SHARD_SUFFIX) and n not in (shard, gs[0])]
         params.append(ShardedParam(p, g, var.shape, var.dtype, var.numel, s,
                                    list(dict.fromkeys(state))))
         three = not var.persistable

@@ -46,7 +46,8 @@ from ..ops.init import DEVICE_KERNELS
 from ..ops.optim import FUSED
 from ..ops.registry import get_op_def
 from ..core.dtypes import torch_dtype
-from ..graph.ssa import CollectiveOpHandle, ComputationOpHandle, ScaleLossGradOpHandle
+from ..graph.ssa import (CollectiveOpHandle, ComputationOpHandle, FreeOpHandle,
+                         ScaleLossGradOpHandle)
 from ..program.desc import EMPTY_VAR
 from .fusion import plan_fusion
 from .memory_plan import last_uses
@@ -431,6 +432,15 @@ def _(h: CollectiveOpHandle, em, plan):
             em.local[id(o)] = _load(em, src, h)
             if id(o) in plan.export and id(src) not in plan.export:
                 em.emit(f"D[{o.name!r}] = {em.local[id(o)]}", h)
+    return 0
+
+
+@emit_handle.register
+def _(h: FreeOpHandle, em, plan):
+    # ZeRO's free: drop the place's value (the locals of the segment holding it were
+    # dropped after their last reader, which the SSA hazards put before this handle)
+    for name in h.var_names:
+        em.emit(f"D.pop({name!r}, None)", h)
     return 0
 
 

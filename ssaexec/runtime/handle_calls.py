@@ -9,6 +9,10 @@ are nodes of their own. Which function a handle gets is dispatched on its class
 * Collectives call the collective backend on the places' tensors, each with the
   op's name as ``label`` for its errors. A split all-reduce leaves its completion
   in ``pending``; its ``AllReduceWaitOpHandle`` runs it.
+* ZeRO's all-gather makes each place's full parameter from every rank's shard
+  (rewriting the one the place holds, else binding a new tensor), its
+  reduce-scatter each place's gradient shard, and a free drops a value from its
+  place's scope (``zero_calls``).
 * A fetch copies each place's value to the host into ``fetched`` (pinned memory,
   on the fetch stream its node entered, on a GPU).
 
@@ -23,11 +27,12 @@ import torch
 
 from ..core.dtypes import torch_dtype
 from ..core.errors import OpError, SSAExecError
-from ..graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, CollectiveOpHandle,
-                         ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
+from ..graph.ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
+                         CollectiveOpHandle, ComputationOpHandle, FetchOpHandle, FreeOpHandle,
+                         ReduceScatterOpHandle, ScaleLossGradOpHandle)
 from .op_call import OpCall
 
-__all__ = ["HandleCalls", "collective_signature", "handle_fn"]
+__all__ = ["HandleCalls", "collective_signature", "handle_fn", "gather_into", "padded_flat"]
 
 
 class HandleCalls:
@@ -104,6 +109,58 @@ class HandleCalls:
                               op.kind) from e
         return run
 
+    def _zero_fn(self, op, body):
+        # ZeRO's collectives: the same error policy as the others
+        def run():
+            try:
+                body()
+            except SSAExecError:
+                raise
+            except Exception as e:
+                raise OpError(f"While executing {op.name}: {type(e).__name__}: {e}",
+                              op.kind) from e
+        return run
+
+    def _all_gather_fn(self, op):
+        everyone = list(range(len(self.graph.places)))
+        scopes, coll, label = self.scopes, self.collective, op.name
+        world = _world(self.graph, coll)
+
+        def body():
+            for name, shard_name, shape in zip(op.var_names, op.shard_names, op.shapes,
+                                               strict=True):
+                shards = self._tensors(shard_name, everyone, op)
+                outs = [torch.empty(world * t.numel(), dtype=t.dtype, device=t.device)
+                        for t in shards]
+                op.apply(coll, (shards, outs), label)
+                gather_into(scopes, everyone, name, outs, shape)
+        return self._zero_fn(op, body)
+
+    def _reduce_scatter_fn(self, op):
+        everyone = list(range(len(self.graph.places)))
+        scopes, coll, label = self.scopes, self.collective, op.name
+        world = _world(self.graph, coll)
+
+        def body():
+            for name, shard_name in zip(op.var_names, op.shard_names, strict=True):
+                grads = self._tensors(name, everyone, op)
+                fulls = [padded_flat(g, world) for g in grads]
+                shards = [torch.empty(f.numel() // world, dtype=f.dtype, device=f.device)
+                          for f in fulls]
+                op.apply(coll, (fulls, shards), label)
+                for pi, t in zip(everyone, shards, strict=True):
+                    scopes[pi].vars[shard_name] = t
+        return self._zero_fn(op, body)
+
+    def _free_fn(self, op):
+        names, pi = list(op.var_names), op.place_idx
+
+        def run():
+            scope = self.scopes[pi]
+            for name in names:
+                scope.erase(name)
+        return run
+
     def _wait_fn(self, op):
         def run():
             finish = self.pending.pop(op.start.id, None)
@@ -149,6 +206,40 @@ class HandleCalls:
         return run
 
 
+def _world(graph, collective):
+    """Ranks of ZeRO's collectives: the layout's (places x processes)."""
+    layout = graph.shard_layout
+    if layout is not None:
+        return layout.world
+    return len(graph.places) * getattr(collective, "processes", 1)
+
+
+def padded_flat(t, world):
+    """``t`` flattened and zero-padded to a multiple of ``world`` elements (a new tensor
+    the reduce-scatter may use as its buffer)."""
+    n = t.numel()
+    s = -(-n // world)
+    out = torch.zeros(world * s, dtype=t.dtype, device=t.device)
+    out[:n] = t.reshape(-1)
+    return out
+
+
+def gather_into(scopes, places, name, outs, shape):
+    """Bind each place's gathered full ``name`` (the first ``prod(shape)`` elements of
+    ``outs[i]``, viewed as ``shape``): copied into the tensor the place holds when it has
+    that shape and type (stages 1 and 2: the parameter lives on), else bound anew."""
+    n = 1
+    for d in shape:
+        n *= d
+    for pi, out in zip(places, outs, strict=True):
+        full = out[:n].view(shape)
+        old = scopes[pi].vars.get(name)
+        if old is not None and old.shape == full.shape and old.dtype == full.dtype:
+            old.copy_(full)
+        else:
+            scopes[pi].vars[name] = full
+
+
 def _unflatten(per_name, flats, everyone):
     for pi in everyone:
         offset = 0
@@ -190,3 +281,6 @@ handle_fn.register(ScaleLossGradOpHandle, lambda op, calls: calls._scale_loss_gr
 handle_fn.register(FetchOpHandle, lambda op, calls: calls._fetch_fn(op))
 handle_fn.register(CollectiveOpHandle, lambda op, calls: calls._collective_fn(op))
 handle_fn.register(AllReduceWaitOpHandle, lambda op, calls: calls._wait_fn(op))
+handle_fn.register(AllGatherOpHandle, lambda op, calls: calls._all_gather_fn(op))
+handle_fn.register(ReduceScatterOpHandle, lambda op, calls: calls._reduce_scatter_fn(op))
+handle_fn.register(FreeOpHandle, lambda op, calls: calls._free_fn(op))
