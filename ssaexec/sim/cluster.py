@@ -269,6 +269,31 @@ PRESETS = {
                  _NCCL, _JITTER, _HOST)),
 }
 
+# Meta's Grand Teton hosts, as torchtitan's published runs describe them (docs/performance.md
+# at eaea6f6a2fa9): 8 H100 SXM with 96 GB HBM2e at 2.4 TB/s, power-limited to 500 W,
+# fully connected with NVLink; 400 Gb/s of RDMA per GPU between hosts. Its dense BF16 peak
+# is not published: "between SXM and NVL" (the same document's footnote), i.e. between
+# H100 SXM5's 989.4 and H100 NVL's 835.5 TFLOP/s; the preset takes the middle, 912.5,
+# and scales the FP32 and TF32 peaks alike (sim.llama's table shows both ends)
+_GT_PEAK = (989.4e12 + 835.5e12) / 2
+H100_GT = Device("gpu", "H100 SXM 96GB HBM2e, 500 W (Grand Teton)",
+                 flops=66.9e12 * _GT_PEAK / 989.4e12, flops_low=_GT_PEAK, mem_bw=2.4e12,
+                 kernel_min=2.5e-6, flops_tf32=494.7e12 * _GT_PEAK / 989.4e12)
+PRESETS["grand-teton-h100"] = PRESETS["dgx-h100"].replace(
+    name="grand-teton-h100", device=H100_GT,
+    inter=Link(8 * 50e9, 4.0e-6, 24 / 25),
+    description="Meta Grand Teton: 8x H100 SXM 96GB HBM2e (2.4 TB/s, 500 W) fully connected "
+                "with NVLink, 400 Gb/s RDMA per GPU between hosts (torchtitan's benchmark "
+                "machines)",
+    sources=("pytorch/torchtitan docs/performance.md (eaea6f6a2fa9): 8 H100 per host fully "
+             "connected with NVLink, 96GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU, 500 W "
+             "power limit; peak 'between SXM and NVL' (not published)",
+             "dense BF16 peak: the middle of H100 SXM5 (989.4 TFLOP/s, H100 datasheet) and "
+             "H100 NVL (835.5 TFLOP/s, H100 NVL datasheet: 1,671 with sparsity): 912.5 "
+             "(an assumption within that range); FP32/TF32 scaled alike",
+             "NVLink and host: as dgx-h100; the RDMA network taken as efficient as InfiniBand "
+             "NDR (24/25 of the line rate)", _NCCL, _NCCL_BW, _JITTER, _HOST))
+
 # the same nodes, joined by plain Ethernet instead of InfiniBand
 PRESETS["ethernet-100g"] = PRESETS["pcie"].replace(
     name="ethernet-100g", inter=Link(12.5e9, 25e-6),

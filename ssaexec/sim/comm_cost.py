@@ -40,8 +40,8 @@ import functools
 import math
 
 from ..core.errors import SSAExecError
-from ..graph import handles as _handles
-from ..graph.handles import AllReduceOpHandle, BroadcastOpHandle, ReduceOpHandle
+from ..graph.handles import (AllGatherOpHandle, AllReduceOpHandle, BroadcastOpHandle,
+                             ReduceOpHandle, ReduceScatterOpHandle)
 
 __all__ = ["ring_all_reduce", "tree_all_reduce", "ring_reduce", "ring_broadcast",
            "hierarchical_all_reduce", "collective_time", "cost_model", "Collective",
@@ -145,9 +145,6 @@ class Collective:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "handle" in cls.__dict__:
-            if cls.handle is None:  # its handle class is not defined (yet): by name only
-                model = COLLECTIVES[cls.name] = cls()
-                return
             cls.name = cls.handle.kind
             model = COLLECTIVES[cls.name] = cls()
             cost_model.register(cls.handle, lambda handle: model)
@@ -219,8 +216,7 @@ class AllGather(Collective):
     second half (Thakur et al. 2005); NCCL runs it as a ring."""
 
     __slots__ = ()
-    handle = getattr(_handles, "AllGatherOpHandle", None)
-    name = "all_gather"
+    handle = AllGatherOpHandle
 
     @staticmethod
     def ring_steps(ranks, nodes):
@@ -232,8 +228,7 @@ class ReduceScatter(AllGather):
     half, the all-gather's steps with a sum at each; ``nbytes`` is the full gradient."""
 
     __slots__ = ()
-    handle = getattr(_handles, "ReduceScatterOpHandle", None)
-    name = "reduce_scatter"
+    handle = ReduceScatterOpHandle
     passes = 1
 
 

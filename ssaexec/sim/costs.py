@@ -52,8 +52,8 @@ def foreach_cost(group, program, cluster, host, gpu, cuda_graph):
 def wire_bytes(handle, program):
     """Bytes one place sends into collective ``handle`` (compressed dtypes counted)."""
     block = program.global_block()
-    # a compressed all-reduce's wire type, or a ZeRO gather's low-precision type
-    wire = getattr(handle, "wire_dtype", None) or getattr(handle, "gather_dtype", None)
+    # a compressed all-reduce's wire type, a ZeRO gather's low-precision type
+    wire = getattr(handle, "wire_dtype", None)
     total = 0
     for n in handle.var_names:
         var = block.find_var(n)

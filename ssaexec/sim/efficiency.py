@@ -43,7 +43,10 @@ _BY_TYPE = {t: cls for cls, types in OP_CLASSES.items() for t in types}
 # memory priors below (the estimate's figures before issue 34)
 PRIOR = {"conv": {"fp32": 0.5, "tf32": 0.5, "fp16": 0.5},
          "matmul": {"fp32": 0.5, "tf32": 0.5, "fp16": 0.5},
-         "norm": 0.85 * 2 / 3, "elementwise": 0.85}
+         "norm": 0.85 * 2 / 3, "elementwise": 0.85,
+         # fused (flash) attention, sim.llama: FlashAttention-2 reaches 35 % of an H100's
+         # BF16 peak (Shah et al., "FlashAttention-3", 2024, abstract); a prior, not fitted
+         "attention": {"fp32": 0.35, "tf32": 0.35, "fp16": 0.35}}
 UNITS = ("fp32", "tf32", "fp16")
 
 # Written by bench/calibrate_sim.py from docs/data/published.json (do not edit by hand;
@@ -69,7 +72,8 @@ def shares(overrides=None):
     classes: the calibrated values over the priors, then ``overrides`` (same form, or
     a number for every unit of a compute class)."""
     out = {"conv": dict(PRIOR["conv"]), "matmul": dict(PRIOR["matmul"]),
-           "norm": PRIOR["norm"], "elementwise": PRIOR["elementwise"]}
+           "norm": PRIOR["norm"], "elementwise": PRIOR["elementwise"],
+           "attention": dict(PRIOR["attention"])}
     for cls in ("conv", "matmul"):
         for unit, entry in CALIBRATED.get(cls, {}).items():
             out[cls][unit] = entry["share"]

@@ -62,7 +62,7 @@ from collections import deque
 from ..core.errors import SSAExecError
 from ..graph.ssa import (AllReduceWaitOpHandle, CollectiveOpHandle, ComputationOpHandle,
                          FetchOpHandle, ScaleLossGradOpHandle)
-from ..graph import handles as _handles
+from ..graph.handles import FreeOpHandle
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
 from ..runtime.plan import build_plan
@@ -73,7 +73,6 @@ from .result import Activity, SimResult
 
 __all__ = ["Activity", "SimResult", "simulate_step", "wire_bytes", "node_graph", "step_plan"]
 
-_FreeOpHandle = getattr(_handles, "FreeOpHandle", None)  # ZeRO-3's free (issue 49)
 _PLANS = weakref.WeakKeyDictionary()  # graph -> {(compiled, processes): StepPlan}
 
 
@@ -575,8 +574,7 @@ replay_handle.register(CollectiveOpHandle,
                        lambda h, replay, thread: replay.collective(thread, h))
 replay_handle.register(AllReduceWaitOpHandle,
                        lambda h, replay, thread: replay.wait_handle(thread, h))
-if _FreeOpHandle is not None:
-    replay_handle.register(_FreeOpHandle, lambda h, replay, thread: replay.free(thread, h))
+replay_handle.register(FreeOpHandle, lambda h, replay, thread: replay.free(thread, h))
 
 
 def simulate_step(graph, profile, cluster, processes=1, compiled=True, cuda_graph=False,

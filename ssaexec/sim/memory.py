@@ -45,7 +45,8 @@ import math
 from ..core.dtypes import torch_dtype
 from ..core.errors import SSAExecError
 
-__all__ = ["zero_bytes", "MemoryPrediction", "predict_memory", "format_memory",
+__all__ = ["zero_bytes", "MemoryPrediction", "predict_memory", "activation_peak",
+           "format_memory",
            "SHARDED_UPDATES", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
@@ -180,8 +181,9 @@ def _window(sizes, k):
 
 
 def _steps(program, graph):
-    """(reads, writes) of one place's step, in run order: the graph's step plan (place 0's
-    handles) when given, else the program's ops."""
+    """(reads, writes, op) of one place's step, in run order: the graph's step plan
+    (place 0's handles; ``op`` None for a handle that runs no program op) when given,
+    else the program's ops."""
     if graph is not None:
         from ..runtime.plan import build_plan
         order = build_plan(graph, True, 1).order
@@ -193,52 +195,108 @@ def _steps(program, graph):
                      if not v.is_dummy and getattr(v, "place_idx", 0) == 0]
             writes = [v.name for v in h.outputs
                       if not v.is_dummy and getattr(v, "place_idx", 0) == 0]
-            steps.append((reads, writes))
+            steps.append((reads, writes, getattr(h, "op", None)))
         return steps
     from ..graph.passes import op_reads_writes
-    return [op_reads_writes(program, op) for op in program.global_block().ops]
+    return [op_reads_writes(program, op) + (op,) for op in program.global_block().ops]
 
 
-def activation_peak(program, batch, graph=None, exclude=(), half=frozenset()):
+def activation_peak(program, batch, graph=None, exclude=(), half=frozenset(),
+                    checkpoint=()):
     """Peak bytes of the non-persistable values of one place's step (module docstring).
 
-    ``exclude``: names counted elsewhere (parameters' gradients, gathered parameters);
-    ``half``: names held in 2 bytes (automatic mixed precision's activations).
+    A value lives from its first write (a fed value: its first read) to its last use
+    (``runtime.memory_plan.last_uses``). A view's result (``efficiency.op_class``
+    "view": reshape, transpose ...) is its input's storage: no bytes of its own, and it
+    keeps that storage alive until its own last use.
+
+    Parameters
+    ----------
+    exclude : iterable of str
+        Names counted elsewhere (parameters' gradients) or never materialised.
+    half : set of str
+        Names held in 2 bytes (automatic mixed precision's activations).
+    checkpoint : sequence of (first op, end op, saved names)
+        Activation checkpointing, in program op indices (forces program order): the
+        values a block's forward ops ``[first, end)`` write that are neither in
+        ``saved`` nor read by a later forward op die after their last forward use and
+        are recomputed at the block's first backward use of any of them, living then
+        to their last use.
     """
     from ..runtime.memory_plan import last_uses
+    from .efficiency import op_class
     block = program.global_block()
+    if checkpoint:
+        graph = None
     steps = _steps(program, graph)
-    size = {}
+    exclude = set(exclude)
+    root = {}  # a view's result -> the value whose storage it is
+
+    def find(name):
+        while name in root:
+            name = root[name]
+        return name
+
+    for r, w, op in steps:
+        if op is not None and op_class(op.type) == "view" and r and w:
+            src = next((n for n in r if block.find_var(n) is not None and
+                        not block.find_var(n).persistable), None)
+            if src is not None:
+                for n in w:
+                    if n != src:
+                        root[n] = src
+    reads = [[find(n) for n in r] for r, _, _ in steps]
+    writes = [[find(n) for n in w] for _, w, _ in steps]
+    last = last_uses(reads, writes)
+    first = {}
+    for k in range(len(steps)):
+        for n in reads[k] + writes[k]:
+            first.setdefault(n, k)
+    spans = {n: [(first[n], last[n])] for n in first}
+    backward = [k for k, (_, _, op) in enumerate(steps)
+                if op is not None and getattr(op, "role", None) in ("backward", "loss")]
+    bstart = backward[0] if backward else len(steps)
+    for lo, hi, saved in checkpoint:
+        saved = {find(n) for n in saved}
+        later = {n for k in range(hi, bstart) for n in reads[k]}
+        dropped = {n for k in range(lo, hi) for n in writes[k]} - saved - later
+        fwd_last, bwd_first = {}, None
+        for n in dropped:
+            fwd_last[n] = max(k for k in range(lo, hi) if n in reads[k] or n in writes[k])
+            uses = [k for k in range(bstart, len(steps)) if n in reads[k]]
+            if uses:
+                bwd_first = uses[0] if bwd_first is None else min(bwd_first, uses[0])
+        for n in dropped:
+            spans[n] = [(first[n], fwd_last[n])]
+            if bwd_first is not None and last[n] >= bstart:
+                spans[n].append((bwd_first, last[n]))
 
     def nbytes(name):
-        if name not in size:
-            var = block.find_var(name)
-            if var is None or var.persistable or name in exclude:
-                size[name] = 0
-            else:
-                size[name] = _numel(var, batch) * (2 if name in half else _itemsize(var))
-        return size[name]
+        var = block.find_var(name)
+        if var is None or var.persistable or name in exclude:
+            return 0
+        return _numel(var, batch) * (2 if name in half else _itemsize(var))
 
-    reads = [r for r, _ in steps]
-    writes = [w for _, w in steps]
-    last = last_uses(reads, writes)
-    live, peak, born = 0, 0, set()
-    dies = {}
-    for name, k in last.items():
-        dies.setdefault(k, []).append(name)
-    for k, (r, w) in enumerate(steps):
-        for name in list(r) + list(w):  # fed values are born at their first read
-            if name not in born:
-                born.add(name)
-                live += nbytes(name)
+    delta = [0] * (len(steps) + 1)
+    peak_at = [0] * (len(steps) + 1)
+    for n, intervals in spans.items():
+        b = nbytes(n)
+        if not b:
+            continue
+        for a, z in intervals:
+            delta[a] += b
+            peak_at[z + 1] -= b
+    live = peak = 0
+    for k in range(len(steps)):
+        live += delta[k]  # born at step k (before it runs)
         peak = max(peak, live)
-        for name in dies.get(k, ()):
-            live -= nbytes(name)
+        live += peak_at[k + 1]  # dead after step k
     return peak
 
 
 def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_forward=True,
-                   gather_dtype=None, precision=None, graph=None):
+                   gather_dtype=None, precision=None, graph=None, exclude=(),
+                   checkpoint=()):
     """Predict one device's peak memory of a step of ``program`` (module docstring).
 
     Parameters
@@ -260,6 +318,10 @@ def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_f
         ``"amp"``: floating activations in 2 bytes (as ``Profile.estimate``).
     graph : SSAGraph, optional
         Its step plan gives the run order of the activations (else program order).
+    exclude : iterable of str
+        Values a fused kernel never materialises (flash attention's scores).
+    checkpoint : sequence of (first op, end op, saved names)
+        Activation checkpointing (``activation_peak``).
 
     Returns
     -------
@@ -318,7 +380,8 @@ def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_f
     elif precision is not None:
         raise SSAExecError(f"precision must be None or 'amp', got {precision!r}")
     parts["activations"] = activation_peak(program, batch, graph,
-                                           exclude=grads | {v.name for v in params}, half=half)
+                                           exclude=grads | {v.name for v in params} |
+                                           set(exclude), half=half, checkpoint=checkpoint)
     pnames = {v.name for v in params}
     parts["other"] = sum((v.numel or 0) * _itemsize(v) for v in block.vars.values()
                          if v.persistable and not v.is_data and v.name not in pnames

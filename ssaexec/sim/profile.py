@@ -39,7 +39,7 @@ import statistics
 
 from ..core.errors import SSAExecError
 from ..core.safe_files import read_regular
-from ..graph import handles as _handles
+from ..graph.handles import FreeOpHandle
 from ..graph.ssa import (HANDLE_KINDS, AllReduceWaitOpHandle, CollectiveOpHandle,
                          ComputationOpHandle, FetchOpHandle, ScaleLossGradOpHandle)
 
@@ -86,12 +86,9 @@ def _(handle: FetchOpHandle):
 @op_key.register(ScaleLossGradOpHandle)
 @op_key.register(CollectiveOpHandle)
 @op_key.register(AllReduceWaitOpHandle)
+@op_key.register(FreeOpHandle)
 def _(handle):
     return _kind_key(type(handle))
-
-
-if getattr(_handles, "FreeOpHandle", None) is not None:  # ZeRO-3's free (issue 49)
-    op_key.register(_handles.FreeOpHandle, lambda handle: _kind_key(type(handle)))
 
 
 # How a trace slice of each class gives its profile key (``_medians``): (the lane it is
