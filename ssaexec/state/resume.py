@@ -40,6 +40,13 @@ Policy and invariants:
   not depend on it, the sampler reshards the same next global batch
   (``EpochSampler.reshard``), and rank ``r`` takes the RNG state saved by rank
   ``r % saved world size``.
+* **ZeRO shards** (an executor with a ``shard_layout()``): each global rank writes its own
+  shard file beside ``step-N.safetensors``, which is rank 0's and is written last
+  (``checkpoint``, ``sharded``), so every rank calls ``save`` for its files too. Only
+  the entry file makes a checkpoint: shard files without one (a save that died) are
+  removed by ``resume``, and those of a deleted or rewritten checkpoint with it. A
+  sharded checkpoint resumes on any world size and into a run without ZeRO, and a plain
+  one into a ZeRO run (each var resharded when loaded).
 """
 
 import copy
@@ -58,6 +65,7 @@ from ..core.errors import DistributedError, SSAExecError
 __all__ = ["Checkpoints"]
 
 _NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+_SHARD = re.compile(r"^step-(\d{8})\.shard-(\d{5})-of-(\d{5})\.safetensors$")
 _TEMP = re.compile(r"^\.ckpt-.*\.tmp$")
 META = "training"  # the header entry with the step, the data position and the world size
 
@@ -135,16 +143,35 @@ class Checkpoints:
         else:
             rngs = [rngs]
         path = self.path(step)
-        if distributed.rank() == 0:
+        zero = pe.shard_layout() if hasattr(pe, "shard_layout") else None
+        if distributed.rank() == 0 or zero is not None:  # under ZeRO every rank writes
             state = {f"rng.{r}.{k}": t for r, states in enumerate(rngs)
                      for k, t in states.items()}
             training = {"step": int(step), "world_size": world,
                         "sampler": sampler.state_dict() if sampler is not None else None}
             save_checkpoint(path, pe, state=state, meta={META: json.dumps(training)})
+        if distributed.rank() == 0:
+            # shard files of this step that the new checkpoint does not name (an older
+            # save of it by another world), then all but the newest ``keep``
+            self._remove_shards(step, keep_world=zero.world if zero is not None else 0)
             for old in self.steps()[:-self.keep]:
-                _remove(self.path(old))
+                if _remove(self.path(old)):  # the entry first: then it is no checkpoint
+                    self._remove_shards(old)
         self.last, self.last_step = path, int(step)
         return path
+
+    def _shard_files(self):
+        """(step, world, name) of every entry named like a checkpoint's shard file."""
+        with os.scandir(self.directory) as entries:
+            return [(int(m.group(1)), int(m.group(3)), e.name)
+                    for e in entries for m in [_SHARD.match(e.name)] if m]
+
+    def _remove_shards(self, step, keep_world=None):
+        """Remove ``step``'s shard files (but those of a world of ``keep_world``);
+        regular files only, as ``_remove``."""
+        for s, world, name in self._shard_files():
+            if s == step and world != keep_world:
+                _remove(os.path.join(self.directory, name))
 
     # --- resuming -------------------------------------------------------------------------
     def resume(self, pe, sampler=None):
@@ -201,10 +228,18 @@ class Checkpoints:
                 else:
                     self.log(f"ignoring {path}: named like a save's temporary file, but "
                              "not a file a save makes (left as it is)")
-        for step, regular in sorted(self._named()):
+        named = sorted(self._named())
+        for step, regular in named:
             if not regular:
                 self.log(f"ignoring {self.path(step)}: named like a checkpoint, but not a "
                          "regular file (left as it is)")
+        complete = {step for step, regular in named if regular}
+        orphans = sorted((step, name) for step, _, name in self._shard_files()
+                         if step not in complete)
+        for step, name in orphans:  # a sharded save that died before its entry file
+            if _remove(os.path.join(self.directory, name)):
+                self.log(f"removed {name} in {self.directory}: a shard of a save that did "
+                         "not finish")
         skipped = 0
         for step in reversed(self.steps()):
             path = self.path(step)
