@@ -82,6 +82,9 @@ def export_dcp(source, directory, program=None, module=None):
     list of str
         The keys written (on every process).
     """
+    if isinstance(source, (str, os.PathLike)) and program is None and module is None:
+        raise SSAExecError("export_dcp of a checkpoint file needs program= or module= "
+                           "(which of its tensors are the model's)")
     values, names = _values(source, program)
     state = _keyed(values, names, module)
     if _writer(source):
@@ -109,9 +112,6 @@ def _writer(source):
 def _keyed(values, names, module):
     """{DCP key: tensor}: ``module``'s state_dict keys, or the model state's names."""
     if module is None:
-        if names is None:
-            raise SSAExecError("export_dcp of a checkpoint file needs program= or module= "
-                               "(which of its tensors are the model's)")
         missing = [n for n in names if n not in values]
         if missing:
             raise ProgramError(f"export_dcp: no value for {', '.join(missing[:8])}")
