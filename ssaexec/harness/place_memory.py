@@ -29,11 +29,12 @@ acceptance 2). Invariant: a sample's kinds add up to its ``total``.
 
 import threading
 
-__all__ = ["KINDS", "SHARD_SUFFIX", "PlaceMemory", "measure_step"]
+from ..program.shard import SHARD_SUFFIX
+
+__all__ = ["KINDS", "PlaceMemory", "measure_step"]
 
 KINDS = ("params", "optimizer", "grads", "gathered", "activations")
 MODEL_KINDS = ("params", "optimizer", "grads", "gathered")
-SHARD_SUFFIX = "@SHARD"  # the shard name of the ZeRO contract (program.shard when it lands)
 
 
 class PlaceMemory:
@@ -124,11 +125,15 @@ class PlaceMemory:
                            for i in range(len(self.scopes))]}
 
 
-def measure_step(pe, program, fetch_list, feed=None, steps=1, gathered=()):
+def measure_step(pe, program, fetch_list, feed=None, steps=1):
     """Run ``steps`` observed steps of ``pe`` and return ``PlaceMemory.report()``.
 
-    Samples before the first step (the state the step starts from) and after every op.
+    ``program`` is the plain program ``pe`` was built from. Samples before the first step
+    (the state the step starts from) and after every op. Under ZeRO stage 3 the full
+    values of the sharded parameters (``pe.shard_layout()``) count as ``gathered``.
     """
+    layout = pe.shard_layout()
+    gathered = [p.name for p in layout] if layout is not None and layout.stage == 3 else ()
     memory = PlaceMemory(program, pe.local_scopes, gathered)
     memory.sample()
     with pe.observe(fetch_list, memory.sample):

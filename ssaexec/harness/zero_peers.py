@@ -55,7 +55,8 @@ from .runners import peak_rss_mb, rss_mb
 from .workloads import initial_twin, load_twins, place_samples, synthetic_batch
 
 __all__ = ["CONFIGS", "WEIGHT_DECAY", "SIDES", "config_settings", "parse_side",
-           "ssaexec_program", "param_count", "layer_groups", "SideError", "SideGroup"]
+           "ssaexec_program", "param_count", "layer_groups", "free_port", "SideError",
+           "SideGroup"]
 
 WEIGHT_DECAY = 0.01  # ssaexec.program.optimizer.AdamW's default, given to torch's too
 TIMEOUT_S = 900  # a collective's limit: a rank that dies must not hang the others for long
@@ -330,7 +331,8 @@ class SideError(RuntimeError):
     """A rank of a side failed (its traceback is the message) or died."""
 
 
-def _free_port():
+def free_port():
+    """A free TCP port on 127.0.0.1 (for a group's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -347,7 +349,7 @@ class SideGroup:
         ctx = mp.get_context("spawn")
         self.res_q = ctx.Queue()
         self.cmd_qs = [ctx.Queue() for _ in range(world)]
-        port = _free_port()
+        port = free_port()
         self.procs = []
         env = os.environ.get("PYTHONWARNINGS")
         os.environ["PYTHONWARNINGS"] = "ignore"  # FSDP2's view warning, once a rank a step
