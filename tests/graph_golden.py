@@ -34,6 +34,8 @@ STRATEGIES = {
     "zero1": {"zero_stage": 1},
     "zero2": {"zero_stage": 2},
     "zero1_fused": {"zero_stage": 1, "fuse_all_reduce_ops": True},
+    "zero3": {"zero_stage": 3},
+    "zero3_keep": {"zero_stage": 3, "reshard_after_forward": False, "zero_prefetch": 0},
     "fused": {"fuse_all_reduce_ops": True},
     "fused_tiny": {"fuse_all_reduce_ops": True, "fuse_bucket_mb": 0.0005},
     "fused_bf16": {"fuse_all_reduce_ops": True, "allreduce_dtype": "bf16"},
@@ -147,7 +149,8 @@ def _var(v, inbound):
     return f"{v.name}@v{v.version}/p{v.place_idx}(w#{gen})"
 
 
-_FIELDS = ("place_idx", "op_index", "var_names", "seq", "wire_dtype", "owner_idx", "root_idx",
+_FIELDS = ("place_idx", "op_index", "var_names", "shard_names", "shapes", "seq", "wire_dtype",
+           "owner_idx", "root_idx",
            "var_name", "coeff", "shape", "dtype")
 
 

@@ -15,9 +15,10 @@ from ssaexec.core.errors import GraphError
 from ssaexec.graph.build import build_ssa_graph, graph_after_each_pass, pass_dump_path
 from ssaexec.graph.passes import (PASS_NAMES, PASSES, BuildGraph, Edge, Node, grad_owners,
                                   materialize, op_reads_writes, run_passes)
-from ssaexec.graph.ssa import (AllReduceOpHandle, AllReduceWaitOpHandle, BroadcastOpHandle,
-                               CollectiveOpHandle, ComputationOpHandle, FetchOpHandle,
-                               ReduceOpHandle, ScaleLossGradOpHandle)
+from ssaexec.graph.ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
+                               BroadcastOpHandle, CollectiveOpHandle, ComputationOpHandle,
+                               FetchOpHandle, FreeOpHandle, ReduceOpHandle,
+                               ReduceScatterOpHandle, ScaleLossGradOpHandle)
 from ssaexec.core.place import cpu_places
 from ssaexec.core.strategy import BuildStrategy
 
@@ -45,8 +46,8 @@ def grads_of(prog="seed_mlp"):
 
 def test_the_pass_list_is_named_and_ordered():
     assert PASS_NAMES == ("replicate", "gradient_scale", "sparse_gradients", "zero_owners",
-                          "insert_collectives", "fuse_buckets", "async_wait", "sequential",
-                          "collective_order", "fetch")
+                          "insert_collectives", "shard_collectives", "fuse_buckets",
+                          "async_wait", "sequential", "collective_order", "fetch")
     assert all(p.doc and callable(p.fn) for p in PASSES)
     # build_ssa_graph is the pipeline, materialized
     main, _, loss = golden.program("seed_mlp")
@@ -143,8 +144,7 @@ def test_sparse_gradients_marks_or_densifies_sparse_grad_ops():
     assert a is b
 
 
-@pytest.mark.parametrize("strategy", [{"reduce_strategy": "reduce"}, {"zero_stage": 1},
-                                      {"zero_stage": 2}])
+@pytest.mark.parametrize("strategy", [{"reduce_strategy": "reduce"}])
 def test_zero_owners_keeps_each_optimizer_op_on_its_owner(strategy):
     main = golden.program("mlp")[0]
     before, after = around("zero_owners", prog="mlp", places=3, **strategy)
@@ -157,6 +157,8 @@ def test_zero_owners_keeps_each_optimizer_op_on_its_owner(strategy):
     assert len(before.nodes) - len(after.nodes) == 2 * len(opt)
     b, a = around("zero_owners", prog="mlp")
     assert a is b and a.param_owner == {}
+    b, a = around("zero_owners", prog="mlp", zero_stage=2)
+    assert a is b and a.param_owner == {}  # ZeRO shards: shard_collectives
 
 
 def test_insert_collectives_all_reduces_each_gradient_after_its_producer():
@@ -212,8 +214,75 @@ def test_fuse_buckets_all_reduces_each_dense_gradient_once_per_bucket(mb):
             assert v.is_dummy or all(r.id > h.id for r in v.pending_ops)
     b, a = around("fuse_buckets", prog="mlp", fuse_all_reduce_ops=False)
     assert a is b
-    b, a = around("fuse_buckets", prog="mlp", fuse_all_reduce_ops=True, zero_stage=2)
+    b, a = around("fuse_buckets", prog="mlp", fuse_all_reduce_ops=True,
+                  reduce_strategy="reduce")
     assert a is b  # reduce strategies never bucket
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_shard_collectives_reduce_scatter_each_gradient_and_gather_each_update(stage):
+    before, after = around("shard_collectives", prog="mlp", places=3, zero_stage=stage)
+    layout = after.shard_layout
+    assert layout.world == 3 and layout.stage == stage and len(layout) == 6
+    assert not nodes_of(before, ReduceScatterOpHandle) and \
+        not nodes_of(before, AllReduceOpHandle)  # insert_collectives left them to ZeRO
+    g = materialize(after)
+    for sp in layout:
+        (rs,) = [h for h in g.ops_of_kind(ReduceScatterOpHandle) if h.var_names == [sp.grad]]
+        producer = {v.generated_op.op_index for v in rs.inputs if not v.is_dummy}
+        writers = [h for h in g.ops if isinstance(h, ComputationOpHandle)
+                   and any(v.name == sp.grad for v in h.outputs)]
+        assert {h.op_index for h in writers} == producer  # right after the gradient's op
+        (ag,) = [h for h in g.ops_of_kind(AllGatherOpHandle) if h.var_names == [sp.name]]
+        upd = {v.generated_op for v in ag.inputs
+               if not v.is_dummy and v.name == sp.shard_name}
+        assert len(upd) == 3 and all(h.op.role == "optimize" for h in upd)  # every place
+        frees = [h for h in g.ops_of_kind(FreeOpHandle) if h.var_names == [sp.grad]]
+        assert len(frees) == (3 if stage == 2 else 0)  # stage 2 drops the full gradient
+        assert all(rs in [d.generated_op for d in f.inputs] for f in frees)
+    # every optimizer op on every place runs on the shards
+    opt = [h for h in g.ops if isinstance(h, ComputationOpHandle) and h.op.role == "optimize"
+           and h.op.role_var]
+    assert len(opt) == 18 and all(h.op.input("Param")[0].endswith("@SHARD") for h in opt)
+    g.lint()
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_stage3_gathers_before_first_use_frees_after_last_with_prefetch_edges(reshard):
+    main, _, loss = golden.program("mlp")
+    bs = BuildStrategy(zero_stage=3, reshard_after_forward=reshard, zero_prefetch=1)
+    g = build_ssa_graph(main, cpu_places(2), bs, [loss])
+    g.lint()
+    gathers = g.ops_of_kind(AllGatherOpHandle)
+    # a group: the parameters whose first reader (in a phase) is the same op; fc's
+    # weight (mul) and bias (elementwise_add) have different ones
+    assert len(gathers) == 6 * (2 if reshard else 1)
+    assert sorted(n for h in gathers for n in h.var_names) == \
+        sorted([sp.name for sp in g.shard_layout] * (2 if reshard else 1))
+    for h in gathers:  # right before the group's first reader: the next handles
+        first = min(r.id for v in h.outputs if not v.is_dummy for r in v.pending_ops)
+        assert all(isinstance(x, ComputationOpHandle) or x.is_collective
+                   for x in g.ops[h.id + 1:first + 1])
+    for name in (sp.name for sp in g.shard_layout):
+        versions = g.vars[0][name]
+        writers = [type(v.generated_op).__name__ for v in versions]
+        assert not versions[0].pending_ops  # stage 3: no place holds it when a step starts
+        assert writers[1:] == ["AllGatherOpHandle", "FreeOpHandle"] * (2 if reshard else 1)
+        assert not versions[-1].pending_ops  # nothing reads a freed parameter
+    prefetch = [d for d in g.dummies if d.reason == "prefetch"]
+    # gather k waits for the first readers (2 places) of group k-2
+    assert len(prefetch) == 2 * (len(gathers) - 2)
+    assert all(isinstance(d.generated_op, ComputationOpHandle) and
+               all(isinstance(r, AllGatherOpHandle) for r in d.pending_ops) for d in prefetch)
+    # the collectives are one chain in program order, gathers included
+    assert [h.seq for h in g.collectives] == list(range(len(g.collectives)))
+
+
+def test_shard_collectives_is_a_no_op_without_zero_or_on_one_rank():
+    b, a = around("shard_collectives", prog="mlp")
+    assert a is b and a.shard_layout is None
+    b, a = around("shard_collectives", prog="mlp", places=1, zero_stage=3)
+    assert a is b and a.shard_layout is None
 
 
 def test_fuse_buckets_leaves_sparse_gradients_alone():
