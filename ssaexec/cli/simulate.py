@@ -26,7 +26,7 @@ the table shows the fastest, the efficiency against one GPU of the same layout,
 how much communication is exposed, and what bounds the step (the critical path:
 device compute, host launches, the GIL, communication, scheduler hand-offs).
 Clusters: dgx-h100, dgx-a100, dgx-1v, pcie, ethernet-100g, big-basin-50gbe,
-pascal-25gbe, or a JSON file (Cluster.to_dict; bench/validate_sim.py writes one for
+pascal-25gbe, grand-teton-h100, or a JSON file (Cluster.to_dict; bench/validate_sim.py writes one for
 this machine's CPU places).
 
 Beyond the replayed step, each row charges what grows with the cluster: compute
@@ -41,6 +41,7 @@ examples:
   ssaexec simulate examples/small_resnet.json --gpus 1,2,4,8,64,1024 --cluster dgx-h100
   ssaexec simulate examples/small_resnet.json --gpus 8,64 --sweep bucket-mb
   ssaexec simulate examples/mnist_mlp.json --cluster pcie --allreduce-dtype bf16 --json
+  ssaexec simulate examples/small_resnet.json --gpus 8,64 --zero 3 --zero-gather-dtype bf16
   ssaexec trace examples/small_resnet.json -o t.json --places cuda:0 --cuda-sync && \\
     ssaexec simulate examples/small_resnet.json --profile t.json
 """
@@ -111,7 +112,15 @@ def register(add):
                    help="compress gradients for the all-reduce")
     g.add_argument("--accumulate", type=positive, default=1, metavar="K",
                    help="gradient accumulation: communicate every K micro-batches")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2), default=0, help="ZeRO stage")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage (3: parameters gathered before use, FSDP2's sharding); "
+                        "the report adds each device's predicted peak memory")
+    g.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
+                   help="stage 3: parameter groups gathered ahead of compute (default 1)")
+    g.add_argument("--zero-gather-dtype", choices=("bf16", "fp16"), default=None,
+                   help="stage 3: gather parameters in this type (half the bytes)")
+    g.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
+                   help="stage 3: keep parameters gathered from forward to backward")
     g.add_argument("--algorithm", choices=("auto", "ring", "tree", "hierarchical"),
                    default="auto", help="all-reduce algorithm (default: the fastest)")
     g.add_argument("--host-op-us", type=float, default=None, metavar="US",
@@ -157,6 +166,18 @@ def _profile(args, program, cluster):
                            readable_extra_s=cluster.host.readable_extra_s)
 
 
+def _memory(program, strategy, gpus, profile, args):
+    """Each GPU count's predicted per-device memory (``sim.memory``, as ``ssaexec stats
+    --zero``), for the profile's batch."""
+    from ..core.errors import SSAExecError
+    from ..sim.memory import strategy_memory
+    try:
+        return {n: strategy_memory(program, strategy, n, profile.batch, args.precision)
+                for n in gpus}
+    except SSAExecError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_simulate(args):
     from .. import sim
     from ..core.errors import SSAExecError
@@ -188,7 +209,9 @@ def cmd_simulate(args):
                                  fuse_bucket_mb=args.fuse_bucket_mb or 25.0,
                                  allreduce_dtype=args.allreduce_dtype,
                                  gradient_accumulation_steps=args.accumulate,
-                                 zero_stage=args.zero)
+                                 zero_stage=args.zero, zero_prefetch=args.zero_prefetch,
+                                 zero_gather_dtype=args.zero_gather_dtype,
+                                 reshard_after_forward=args.reshard)
     except SSAExecError as e:
         raise UsageError(str(e)) from None
     profile = _profile(args, program, cluster)
@@ -205,6 +228,7 @@ def cmd_simulate(args):
                                             strategy, cuda_graph=b.cuda_graph,
                                             algorithm=args.algorithm,
                                             input_pipeline=args.input)
+    memory = _memory(program, strategy, gpus, profile, args) if args.zero else {}
     plot = None
     if not args.no_plot:
         stem = args.model or Path(args.program).name.split(".")[0]
@@ -218,9 +242,15 @@ def cmd_simulate(args):
         import json
         doc = report.scaling_json(predictions, args.program, cluster, profile, sweeps)
         doc["plot"] = plot
+        if memory:
+            doc["memory"] = {str(n): m.to_dict() for n, m in memory.items()}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return EXIT_OK
     sys.stdout.write(report.format_scaling(predictions, args.program, cluster, profile))
+    if memory:
+        from ..sim.memory import format_memory
+        for n, m in memory.items():
+            sys.stdout.write("\n" + format_memory(m, f" = {n} GPUs"))
     for n, rows in sweeps.items():
         sys.stdout.write("\n" + report.format_sweep(rows, n))
     if plot:

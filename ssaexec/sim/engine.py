@@ -205,6 +205,8 @@ class _Replay:
     # --- costs --------------------------------------------------------------------------
     def cost(self, h):
         c = self.profile.cost(h)
+        if c is None:  # an update ZeRO moved onto shards: the profiled one, scaled
+            c = self.profile.shard_cost(h, self.graph.program)
         if c is None:
             if not isinstance(h, FetchOpHandle):
                 self.missing.add(h.op_type)

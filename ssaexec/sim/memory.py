@@ -35,9 +35,9 @@ rank, zero-padded):
 Policy: the parts peak at different moments of the step (gradients and gathered
 buffers in backward, activations at the end of forward), so ``peak_bytes``, their sum,
 is an upper bound of the true peak; allocator caching and fragmentation (PyTorch's
-reserved memory) are not modelled. A parameter is sharded when its update is
-elementwise (``SHARDED_UPDATES``) and its gradient dense, as ``program.shard`` decides;
-the others stay replicated under every stage.
+reserved memory) are not modelled. Which parameters are sharded, and their optimizer
+state, is ``program.shard``'s decision (``shard_program``'s layout: an elementwise
+update, a dense gradient); the others stay replicated under every stage.
 """
 
 import math
@@ -45,14 +45,10 @@ import math
 from ..core.dtypes import torch_dtype
 from ..core.errors import SSAExecError
 
-__all__ = ["zero_bytes", "MemoryPrediction", "predict_memory", "activation_peak",
-           "format_memory",
-           "SHARDED_UPDATES", "STAGES"]
+__all__ = ["zero_bytes", "MemoryPrediction", "predict_memory", "strategy_memory",
+           "activation_peak", "format_memory", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
-# updates that act element by element (a slice of the parameter updates alike): the
-# parameters they update can be sharded (zero_spec: sgd, momentum, adam/adamw)
-SHARDED_UPDATES = frozenset({"sgd", "momentum", "adam", "adamw"})
 _NOT_STATE = frozenset({"Param", "Grad", "LearningRate", "SkipUpdate"})
 
 
@@ -140,16 +136,6 @@ def _state(block, op, numel):
             var = block.find_var(n)
             if var is not None and var.persistable and var.numel == numel and n not in out:
                 out.append(n)
-    return out
-
-
-def _sparse_grads(program):
-    """Parameters whose gradient is sparse (a lookup table with ``is_sparse``)."""
-    out = set()
-    for op in program.global_block().ops:
-        if op.attrs.get("is_sparse"):
-            for slot in ("W",):
-                out.update(op.input(slot) if slot in op.inputs else ())
     return out
 
 
@@ -331,24 +317,32 @@ def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_f
         raise SSAExecError(f"zero stage must be one of {STAGES}, got {stage!r}")
     if not isinstance(world, int) or world < 1:
         raise SSAExecError(f"world size must be a positive integer, got {world!r}")
+    from ..program.shard import shard_program
     block = program.global_block()
+    # which parameters shard and their state: program.shard's rule (stage 1 never
+    # refuses an op; the stage's own refusals come from the runtime's build)
+    layout = shard_program(program, stage, world)[1] if stage else \
+        shard_program(program, 1, world)[1]
     updates = _updates(program)
-    sparse = _sparse_grads(program)
-    params = [v for v in program.all_parameters()]
+    params = list(program.all_parameters())
     parts = dict.fromkeys(MemoryPrediction.PARTS, 0)
     sharded, replicated, state_names = [], [], set()
     full_grad, gathered = {}, {}
+    # BuildStrategy's names ("bf16") or dtype names ("bfloat16")
+    gather_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(gather_dtype, gather_dtype)
     gbytes = torch_dtype(gather_dtype).itemsize if gather_dtype else None
     for var in params:
         n = var.numel or 0
-        op = updates.get(var.name)
-        state = _state(block, op, n) if op is not None else []
+        sp = layout.params.get(var.name)
+        if sp is not None:
+            state = [full for full, _ in sp.state]
+        else:
+            op = updates.get(var.name)
+            state = _state(block, op, n) if op is not None else []
         state_names.update(state)
         state_bytes = sum(_itemsize(block.find_var(s)) for s in state)
-        shardable = op is not None and op.type in SHARDED_UPDATES and \
-            torch_dtype(var.dtype).is_floating_point and var.name not in sparse
-        s = stage if shardable else 0
-        (sharded if shardable else replicated).append(var.name)
+        s = stage if sp is not None else 0
+        (sharded if sp is not None else replicated).append(var.name)
         p, g, o = zero_bytes(n, world, s, _itemsize(var), _itemsize(var), state_bytes)
         parts["parameters"] += p
         parts["gradients"] += g
@@ -390,6 +384,15 @@ def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_f
         notes.append(f"{len(replicated)} parameter(s) stay replicated (update not "
                      "elementwise, or sparse gradient)")
     return MemoryPrediction(stage, world, batch, parts, len(sharded), len(replicated), notes)
+
+
+def strategy_memory(program, strategy, world, batch, precision=None, **kw):
+    """``predict_memory`` with the ZeRO settings of a ``BuildStrategy``."""
+    return predict_memory(program, world, strategy.zero_stage, batch=batch,
+                          prefetch=strategy.zero_prefetch,
+                          reshard_after_forward=strategy.reshard_after_forward,
+                          gather_dtype=strategy.zero_gather_dtype,
+                          precision="amp" if precision == "amp" else None, **kw)
 
 
 def _gib(n):

@@ -241,8 +241,8 @@ def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_st
     if cuda_graph and processes > 1:
         notes.append("the executor captures CUDA graphs of single-process runs only "
                       "(runtime.cuda_graph); this row shows what replay would give")
-    if processes > 1 and (bs.reduce_strategy == "reduce" or bs.zero_stage):
-        notes.append("the executor runs the reduce strategy and ZeRO in one process only; "
+    if processes > 1 and bs.reduce_strategy == "reduce":
+        notes.append("the executor runs the reduce strategy in one process only; "
                       "owners are this process's places")
     notes.extend(result.notes)
     return Prediction(ranks=ranks, layout=layout, places=places, processes=processes,

@@ -163,6 +163,27 @@ class Profile:
         """The ``OpCost`` of ``handle``, or None when the profile does not know it."""
         return self.costs.get(op_key(handle))
 
+    def shard_cost(self, handle, program):
+        """The cost of an optimizer op that ZeRO moved onto shards (``program.shard``:
+        it writes ``p@SHARD`` where the profiled program's op wrote ``p``): the profiled
+        op's, scaled by the shard's share of the parameter (an elementwise update is
+        linear in its size). None when ``handle`` is no such op or the profile lacks it."""
+        from ..program.shard import SHARD_SUFFIX
+        if not isinstance(handle, ComputationOpHandle):
+            return None
+        outs = [v.name for v in handle.outputs if not v.is_dummy]
+        if not any(n.endswith(SHARD_SUFFIX) for n in outs):
+            return None
+        full = [n[:-len(SHARD_SUFFIX)] if n.endswith(SHARD_SUFFIX) else n for n in outs]
+        base = self.costs.get(_compute_key(handle.op.type, full))
+        if base is None:
+            return None
+        block = program.global_block()
+        shard = next(n for n in outs if n.endswith(SHARD_SUFFIX))
+        s, f = block.find_var(shard), block.find_var(full[outs.index(shard)])
+        share = s.numel / f.numel if s is not None and f is not None and f.numel else 1.0
+        return OpCost(base.device_s * share, base.host_s)
+
     def fallback(self, handle):
         """A stand-in for an op the profile lacks: the median of its type, else of all."""
         if isinstance(handle, FetchOpHandle):
