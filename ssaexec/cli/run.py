@@ -14,6 +14,12 @@ does not run) the run is refused before training, naming the vars, with a checkp
 (``--save X.safetensors``) as the way to keep the trained values. The file itself
 is written atomically (``safe_files``): a failed save leaves the old file as it was,
 and is one clean error line naming ``--save`` (exit 2), never an internal error.
+Under ``--zero`` the checkpoint is sharded: PATH is rank 0's file and every other
+rank's is written beside it (``state.sharded``); ``--resume`` reads either kind.
+
+``--export-dcp DIR`` writes the trained model's state as a ``torch.distributed.checkpoint``
+folder after the last step (``state.dcp``: the var names are the keys), checked before
+the first step too: DIR must be absent, empty, or an earlier export (it is replaced).
 """
 
 import os
@@ -39,6 +45,7 @@ examples:
   ssaexec run examples/uci_housing.json --feed housing.npz --batch 32 --steps 100
   ssaexec run examples/mnist_mlp.json --steps 5 --save run.safetensors
   ssaexec run examples/mnist_mlp.json --steps 5 --resume run.safetensors --amp bf16
+  ssaexec run examples/mnist_mlp.json --steps 5 --export-dcp run.dcp
 """
 
 
@@ -56,7 +63,25 @@ def register(add):
                         "for) is refused before any training")
     p.add_argument("--resume", metavar="PATH", default=None,
                    help="start from a checkpoint written by --save (or se.save_checkpoint)")
+    p.add_argument("--export-dcp", metavar="DIR", default=None,
+                   help="write the trained model's state (parameters and buffers, by var "
+                        "name) as a torch.distributed.checkpoint folder after the last step; "
+                        "DIR must be absent, empty or an earlier export (checked before "
+                        "training)")
     p.set_defaults(func=cmd_run)
+
+
+def _export_plan(args, s):
+    """Check ``--export-dcp`` before the first step; the export to run after the last."""
+    if not args.export_dcp:
+        return None
+    from ..core.errors import SSAExecError
+    from ..state.dcp import check_directory, export_dcp
+    try:
+        check_directory(args.export_dcp)
+    except SSAExecError as e:
+        raise UsageError(f"--export-dcp {e} (nothing was trained)") from None
+    return lambda: export_dcp(s.pe, args.export_dcp)
 
 
 def _save_plan(args, s):
@@ -118,6 +143,7 @@ def cmd_run(args):
     s = setup(args)
     try:
         save = _save_plan(args, s)
+        export = _export_plan(args, s)
     except BaseException:
         s.pe.close()
         raise
@@ -141,6 +167,12 @@ def cmd_run(args):
                 raise UsageError(f"--save {args.save}: cannot be written after "
                                  f"{args.steps} steps ({e.strerror or e}); nothing was "
                                  "saved") from e
+        if export is not None:
+            try:
+                export()
+            except OSError as e:
+                raise UsageError(f"--export-dcp {args.export_dcp}: cannot be written after "
+                                 f"{args.steps} steps ({e.strerror or e})") from e
     finally:
         bar.close()
         s.pe.close()
@@ -151,4 +183,6 @@ def cmd_run(args):
         kind = "Paddle parameters" if str(args.save).lower().endswith(".pdiparams") else \
             "checkpoint"
         print(f"{kind}: {args.save}")
+    if args.export_dcp:
+        print(f"torch.distributed.checkpoint export: {args.export_dcp}")
     return EXIT_OK

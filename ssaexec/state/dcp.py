@@ -45,7 +45,7 @@ import torch
 from ..core.errors import ProgramError, SSAExecError
 from .checkpoint import _cpu, _full_values, _target, read_checkpoint, STATE
 
-__all__ = ["export_dcp", "model_state_names"]
+__all__ = ["export_dcp", "model_state_names", "check_directory"]
 
 TEMP_PREFIX = ".dcp-"
 
@@ -142,22 +142,33 @@ def _keyed(values, names, module):
     return out
 
 
+def check_directory(directory):
+    """Whether ``directory`` may take an export: True when one is there to replace (a
+    DCP export, or an empty folder), False when nothing is; ``SSAExecError`` for
+    anything else (a file, a symlink, a folder of other files, a missing parent)."""
+    directory = os.fspath(directory)
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.isdir(parent):
+        raise SSAExecError(f"{directory}: the folder {parent} does not exist")
+    try:
+        mode = os.lstat(directory).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        raise SSAExecError(f"{directory}: exists and is not a folder (a DCP export is a "
+                           "folder): not replaced")
+    entries = os.listdir(directory)
+    if entries and ".metadata" not in entries:
+        raise SSAExecError(f"{directory}: a folder that is not a DCP export (no "
+                           ".metadata): not replaced")
+    return True
+
+
 def _write(state, directory):
     """DCP files in a temporary folder, then renamed into place (module policy)."""
     import torch.distributed.checkpoint as dcp
     parent = os.path.dirname(os.path.abspath(directory))
-    try:
-        mode = os.lstat(directory).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None:
-        if not stat.S_ISDIR(mode):
-            raise SSAExecError(f"{directory}: exists and is not a folder (a DCP export is a "
-                               "folder): not replaced")
-        entries = os.listdir(directory)
-        if entries and ".metadata" not in entries:
-            raise SSAExecError(f"{directory}: a folder that is not a DCP export (no "
-                               ".metadata): not replaced")
+    replace = check_directory(directory)
     tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX, suffix=".tmp", dir=parent)
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": it is, by design
@@ -165,7 +176,7 @@ def _write(state, directory):
             dcp.save({k: _cpu(v) for k, v in state.items()},
                      storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=True)
         _fsync(tmp)
-        if mode is not None:
+        if replace:
             old = tempfile.mkdtemp(prefix=TEMP_PREFIX + "old-", suffix=".tmp", dir=parent)
             os.replace(directory, old)  # onto the empty folder mkdtemp made
             os.replace(tmp, directory)

@@ -737,6 +737,26 @@ def test_run_saves_and_resumes_a_checkpoint_with_the_training_strategies(cli, tm
     assert missing.status != 0 and "no such checkpoint" in missing.err, missing
 
 
+def test_run_saves_a_sharded_checkpoint_under_zero_and_exports_dcp(cli, tmp_path):
+    ckpt, out = tmp_path / "run.safetensors", tmp_path / "run.dcp"
+    first = cli(["run", example("mnist_mlp.json"), "--places", "cpu:2", "--zero", 2,
+                 "--steps", 2, "--batch", 8, "--save", str(ckpt), "--export-dcp", str(out),
+                 "--no-progress"])
+    assert first.status == 0, first
+    assert sorted(os.listdir(tmp_path)) == ["run.dcp", "run.safetensors",
+                                            "run.shard-00001-of-00002.safetensors"]
+    assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp"]
+    again = cli(["run", example("mnist_mlp.json"), "--places", "cpu:1", "--steps", 1,
+                 "--batch", 8, "--resume", str(ckpt), "--no-progress"])
+    assert again.status == 0 and "(checkpoint after 2 runs)" in again.out, again
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("")
+    refused = cli(["run", example("mnist_mlp.json"), "--steps", 1, "--export-dcp",
+                   str(tmp_path / "mine")])
+    assert refused.status == 2 and "a folder that is not a DCP export" in refused.err \
+        and "nothing was trained" in refused.err and "step" not in refused.out, refused
+
+
 def test_stats_says_whether_the_step_can_be_captured_as_a_cuda_graph(cli, tmp_path):
     res = cli(["stats", example("mnist_mlp.json"), "--places", "2"])
     assert res.status == 0 and "cuda graph: the step can be captured" in res.out, res
