@@ -7,8 +7,7 @@ lives here, testable without an executor:
 * ``runner_cache``: which runner runs a step (per fetch list, phase, path, compiler),
   built once, and the strategy its graph is built with;
 * ``initial_state``: the state every place starts from (defaults of executor-added
-  state, the broadcast of the persistables, ZeRO's owned optimizer state);
-* ``zero_owners``: which place keeps which optimizer state under ZeRO;
+  state, the broadcast of the persistables, each place's ZeRO shards);
 * ``learning_rate``: the program's learning-rate var, and whether it may be set by hand;
 * ``shared_vars``: ``share_vars_from``'s scopes and the clean-up after each step;
 * ``cuda_graphs``: the executor's glue to ``runtime.cuda_graph`` (one ``StepGraphs``

@@ -7,10 +7,11 @@ import ssaexec as se
 from ssaexec.core.errors import DistributedError, SSAExecError
 from ssaexec.execution import cuda_graphs, learning_rate, shared_vars
 from ssaexec.execution.fetch_merge import merge_fetched
-from ssaexec.execution.initial_state import broadcast_persistables, init_added_state
+from ssaexec.execution.initial_state import (broadcast_persistables, init_added_state,
+                                             shard_persistables)
 from ssaexec.execution.runner_cache import RunnerCache
 from ssaexec.execution.torch_threads import TorchThreads
-from ssaexec.execution.zero_owners import state_owners
+from ssaexec.program.shard import shard_program
 from ssaexec.program.example_models import build_mlp, make_optimizer
 from ssaexec.program.lr import StepDecay
 from ssaexec.dist.group_setup import GroupSteps
@@ -115,15 +116,25 @@ def test_added_state_starts_at_its_defaults_and_keeps_a_value_the_scope_has():
         assert not scope.find_var(name).any()
 
 
-# --- ZeRO ownership ---------------------------------------------------------------------
-def test_zero_owns_each_parameters_own_state_and_not_shared_state():
-    main, _, _ = _mlp()
-    assert state_owners(main, se.BuildStrategy(), 2) == {}
-    assert state_owners(main, se.BuildStrategy(zero_stage=1), 1) == {}
-    owners = state_owners(main, se.BuildStrategy(zero_stage=1), 2)
+# --- ZeRO shards ------------------------------------------------------------------------
+def test_each_place_gets_its_ranks_slice_of_every_sharded_var():
+    main, startup, _ = _mlp()
+    scope = _started(main, startup)
+    run, layout = shard_program(main, 1, 4)
     velocities = {v.name for v in main.global_block().vars.values() if "velocity" in v.name}
-    assert set(owners) == velocities  # the shared learning rate has no owner
-    assert set(owners.values()) == {0, 1}
+    assert {full for sp in layout for full, _ in sp.state} == velocities  # lr: replicated
+    places = se.cpu_places(2)
+    scopes = [se.Scope(), se.Scope()]
+    shard_persistables(layout, scope, places, scopes, first_rank=2)  # process 1 of 2
+    for sp in layout:
+        full = scope.find_var(sp.name).reshape(-1)
+        s = sp.shard_size
+        for i, ls in enumerate(scopes):
+            got = ls.find_var(sp.shard_name)
+            want = full[(2 + i) * s:(3 + i) * s]
+            assert got.shape == (s,) and torch.equal(got[:want.numel()], want)
+            assert not got[want.numel():].any()  # zero padding past the end
+    shard_persistables(None, scope, places, scopes)  # no ZeRO: nothing to do
 
 
 # --- learning rate ----------------------------------------------------------------------
@@ -244,7 +255,7 @@ def test_the_parts_import_nothing_above_the_runtime():
              and m.rpartition('.')[2] not in {"executor", "observe", "parallel_executor",
                                               "pserver", "step_programs", "step_trace",
                                               "threading_probe"}]
-    assert len(parts) >= 8
+    assert len(parts) >= 7  # zero_owners went with issue 49 (ZeRO shards instead)
     above = [(a, b) for a in parts for b in g.successors(a) if layer_of(b) > runtime]
     assert above == []
 
