@@ -30,6 +30,9 @@ rank, zero-padded):
     first write to its last use (``runtime.memory_plan.last_uses``, the package's one
     lifetime rule); the peak of their sum at ``batch`` samples per place (a ``-1``
     dimension is the batch). Parameters' gradients are counted above, not here.
+  - **the parameter's slice beside it** (stages 1 and 2): the optimizer updates
+    ``p@SHARD`` and the all-gather rewrites the full ``p`` from it, so a rank holds
+    both (the paper's fp32 master copy is in its 12 bytes of state instead);
   - **other persistables** (learning rate, beta powers, buffers): replicated.
 
 Policy: the parts peak at different moments of the step (gradients and gathered
@@ -344,6 +347,8 @@ def predict_memory(program, world, stage=0, batch=1, prefetch=1, reshard_after_f
         s = stage if sp is not None else 0
         (sharded if sp is not None else replicated).append(var.name)
         p, g, o = zero_bytes(n, world, s, _itemsize(var), _itemsize(var), state_bytes)
+        if 1 <= s < 3:  # the optimizer's slice beside the full parameter (module doc)
+            p += math.ceil(n / world) * _itemsize(var)
         parts["parameters"] += p
         parts["gradients"] += g
         parts["optimizer_state"] += o
