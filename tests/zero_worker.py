@@ -12,6 +12,13 @@ Scenarios:
   ``_start`` forms, the graph handle's low-precision gather, the compat fallbacks) on inputs every rank
   can rebuild (``collective_input``), for 1 and 2 places a process; a size mismatch; a
   peer that never joins (a side group with a short timeout).
+* ``train``: every entry of ``TRAIN_RUNS`` (ZeRO stages 0-3, 1 and 2 places a process,
+  SGD and AdamW, float64 and float32, gradient accumulation, an LR schedule, stage 3's
+  switches) trained ``runs`` steps on this rank's share of the same global batches; the
+  record holds ``pe.gathered_state()`` (every persistable as the plain program declares
+  it), the losses and the ZeRO collectives each phase's graph holds. Last, a step that
+  fails on rank 1 (an out-of-range label) under stage 3: each place's state before and
+  after it.
 """
 
 import os
@@ -193,6 +200,146 @@ def _collectives(se, rank, record):
     record["after"] = float(se.distributed.average(float(rank)))
 
 
+# --- scenario "train" -------------------------------------------------------------------------
+
+PER_PLACE = 2  # samples per place per step
+IN_DIM = 12
+
+
+def train_model(opt, dtype, schedule=False):
+    """The example MLP (sizes that leave padded shards: 10 and 8 over 2 or 4 ranks)."""
+    import ssaexec as se
+    from ssaexec.program.example_models import build_mlp, make_optimizer
+    lr = 0.05 if opt == "sgd" else 0.01
+    if schedule:
+        lr = se.optimizer.lr.StepDecay(lr, step_size=1, gamma=0.5)
+    return build_mlp(dtype, make_optimizer(opt, lr), in_dim=IN_DIM, hidden=(10, 8))
+
+
+def train_batches(places_total, dtype, runs, seed=0):
+    """``runs`` global batches of ``places_total * PER_PLACE`` samples (every process's)."""
+    g = torch.Generator().manual_seed(seed)
+    b = places_total * PER_PLACE
+    return [{"img": torch.randn(b, IN_DIM, dtype=getattr(torch, dtype), generator=g),
+             "label": torch.randint(0, 10, (b, 1), generator=g)} for _ in range(runs)]
+
+
+def _run(places, opt, dtype, stage, runs=3, schedule=False, compiler=None, **options):
+    return dict(places=places, opt=opt, dtype=dtype, stage=stage, runs=runs,
+                schedule=schedule, compiler=compiler, options=options)
+
+
+def _stages(name, stages=(0, 1, 2, 3), **kw):
+    return {f"{name}/{s}": _run(stage=s, **kw) for s in stages}
+
+
+# name -> run; "<group>/<stage>": the group's stage 0 is its plain all-reduce pair
+TRAIN_RUNS = {
+    **_stages("sgd-2x1", places=1, opt="sgd", dtype="float64"),
+    **_stages("adamw-2x1", places=1, opt="adamw", dtype="float64"),
+    **_stages("sgd-2x2", places=2, opt="sgd", dtype="float64"),
+    **_stages("adamw-2x2", places=2, opt="adamw", dtype="float64"),
+    **_stages("adamw-fp32-2x2", places=2, opt="adamw", dtype="float32"),
+    # gradient accumulation: 2 micro-batches a step, 3 steps
+    **_stages("accumulate-2x2", stages=(0, 2, 3), places=2, opt="adamw", dtype="float64",
+              runs=6, gradient_accumulation_steps=2),
+    **_stages("schedule-2x1", stages=(0, 3), places=1, opt="adamw", dtype="float64",
+              schedule=True),
+    # stage 3's switches: kept from forward to backward, no prefetch, bf16 gathers
+    "switches-2x2/0": _run(2, "adamw", "float64", 0),
+    "switches-2x2/3-keep": _run(2, "adamw", "float64", 3, reshard_after_forward=False),
+    "switches-2x2/3-noprefetch": _run(2, "adamw", "float64", 3, zero_prefetch=0),
+    "switches-2x2/3-bf16": _run(2, "adamw", "float64", 3, zero_gather_dtype="bf16"),
+    # compiler="inductor" (its own launch: compiling is slow)
+    **_stages("inductor-2x1", stages=(0, 3), places=1, opt="adamw", dtype="float64",
+              compiler="inductor"),
+}
+
+# the collectives each phase's graph holds (counted by kind)
+ZERO_KINDS = ("all_gather", "reduce_scatter", "free", "all_reduce")
+
+
+def _kinds(graph):
+    out = dict.fromkeys(ZERO_KINDS, 0)
+    for h in graph.ops:
+        if h.kind in out:
+            out[h.kind] += 1
+    return out
+
+
+def train_run(se, run, distributed, processes=PROCESSES):
+    """Train ``run`` (a ``TRAIN_RUNS`` entry): this process's part of ``processes`` x
+    ``run["places"]`` (``distributed``), or all of them in one process. Returns the
+    gathered state, the losses (this process's) and the graphs' collective counts."""
+    main, startup, loss = train_model(run["opt"], run["dtype"], run["schedule"])
+    batches = train_batches(processes * run["places"], run["dtype"], run["runs"])
+    options = dict(run["options"], zero_stage=run["stage"])
+    if distributed:
+        places = se.distributed.local_places(run["places"])
+        strategy = se.distributed.build_strategy(**options)
+    else:
+        places = se.cpu_places(processes * run["places"])
+        strategy = se.BuildStrategy(**options)
+    es = se.ExecutionStrategy(compiler=run["compiler"])
+    with se.ParallelExecutor(places, main, startup, loss, strategy, es, scope=se.Scope()) as pe:
+        losses = []
+        for feed in batches:
+            lv, = pe.run([loss], feed=se.distributed.shard_batch(feed) if distributed else feed)
+            losses.append(torch.as_tensor(lv).reshape(-1)[0].clone())
+        phases = ["apply"] + (["accumulate"] if pe.program_for("accumulate") is not None
+                              else [])
+        kinds = {ph: _kinds(pe.graph([loss], phase=ph)) for ph in phases}
+        state = {k: v.clone() for k, v in pe.gathered_state().items()}
+    return {"state": state, "losses": torch.stack(losses), "kinds": kinds}
+
+
+def _place_state(pe):
+    return [{n: t.detach().clone() for n, t in s.vars.items() if isinstance(t, torch.Tensor)}
+            for s in pe.local_scopes]
+
+
+def _failed_step(se, rank, record):
+    """Stage 3, 2 places a process: rank 1's second step fails (a label out of range)."""
+    run = _run(2, "adamw", "float64", 3)
+    main, startup, loss = train_model(run["opt"], run["dtype"])
+    batches = train_batches(PROCESSES * 2, "float64", 2)
+    pe = se.ParallelExecutor(se.distributed.local_places(2), main, startup, loss,
+                             se.distributed.build_strategy(zero_stage=3), scope=se.Scope())
+    persist = [n for n, v in pe.run_program.global_block().vars.items() if v.persistable]
+    try:
+        pe.run([loss], feed=se.distributed.shard_batch(batches[0]))
+        before = [{n: s.find_var(n).clone() for n in persist if s.find_var(n) is not None}
+                  for s in pe.local_scopes]
+        feed = se.distributed.shard_batch(batches[1])
+        if rank == 1:
+            feed["label"] = torch.full_like(feed["label"], 99)
+            record["fail"] = _expect(se.OpError, lambda: pe.run([loss], feed=feed))
+        else:
+            record["fail"] = _expect(se.DistributedError, lambda: pe.run([loss], feed=feed))
+        after = [{n: s.find_var(n).clone() for n in persist if s.find_var(n) is not None}
+                 for s in pe.local_scopes]
+        record["fail_state"] = (before, after)
+    finally:
+        pe.close()
+
+
+def _train(se, rank, record):
+    only = os.environ.get("ZERO_RUNS")  # a comma list of names: run only those
+    names = only.split(",") if only else [n for n, r in TRAIN_RUNS.items()
+                                          if r["compiler"] is None]
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            record[name] = train_run(se, TRAIN_RUNS[name], distributed=True)
+        except Exception as e:  # noqa: BLE001 - reported per run; the others go on
+            if isinstance(e, se.DistributedError):
+                raise  # the group is gone: nothing else can run
+            record[name] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"{name}: {time.perf_counter() - t0:.2f}s", flush=True)
+    if not only:
+        _failed_step(se, rank, record)
+
+
 def main(scenario, out_dir):
     from ssaexec.harness.worker import die_with_parent
     die_with_parent()  # never outlive the test that started this process
@@ -202,6 +349,8 @@ def main(scenario, out_dir):
     record = {"rank": rank, "world_size": info.world_size}
     if scenario == "collectives":
         _collectives(se, rank, record)
+    elif scenario == "train":
+        _train(se, rank, record)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))

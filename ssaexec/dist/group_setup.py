@@ -5,8 +5,9 @@ group of more than one process exists (``se.distributed.init()`` under torchrun)
 ``BuildStrategy(num_trainers>1)`` asks for one, or with ``distributed=True`` (a world of
 one too); ``distributed=False`` keeps it local. Before the first step every process
 checks that it built the same program, strategy and place count, then takes rank 0's
-persistables (but a ZeRO shard, ``name@SHARD``: each rank's own, cut from the full
-parameter it took): a mismatch found later would crash or hang the backend in a collective.
+persistables (for a ZeRO shard, ``name@SHARD``, rank 0's full ``name``: each rank cuts
+its own shard from it): a mismatch found later would crash or hang the backend in a
+collective.
 ZeRO (``zero_stage=1|2|3``) runs across processes; the ``reduce`` strategy does not.
 
 If a step fails on this rank, the others wait in a collective it will never issue, so
@@ -91,15 +92,20 @@ def agree_and_broadcast(coll, build_strategy, places, program, scope):
     # the debug check is a collective of its own: it must be on everywhere or nowhere
     items = [("local places", len(places)), ("build strategy", key),
              ("debug mode", coll.debug)]
-    tensors = []
+    tensors, names = [], {}
     for var in program.global_block().vars.values():
-        if not var.persistable:
-            continue
-        t = scope.find_var(var.name)
-        items.append((var.name, None if t is None else list(t.shape),
+        if var.persistable:
+            # a ZeRO shard is each rank's own, cut afterwards from the full value in the
+            # scope (a stage-3 parameter, a sharded state var: no longer persistables of
+            # the run program): that full value is what rank 0 gives everyone
+            full = var.name[:-len(SHARD_SUFFIX)] if var.name.endswith(SHARD_SUFFIX) else None
+            names.setdefault(full or var.name, var.name)
+    for name, declared in names.items():
+        t = scope.find_var(name)
+        items.append((declared, None if t is None else list(t.shape),
                       None if t is None else str(t.dtype).replace("torch.", "")))
-        if t is not None and not var.name.endswith(SHARD_SUFFIX):
-            tensors.append(t)  # a ZeRO shard is this rank's own: cut from rank 0's full one
+        if t is not None:
+            tensors.append(t)
     coll.agree("the program's persistables, the build strategy, the number of places "
                "and the debug mode",
                items, describe=lambda it: " ".join(str(x) for x in it),
