@@ -206,14 +206,14 @@ PER_PLACE = 2  # samples per place per step
 IN_DIM = 12
 
 
-def train_model(opt, dtype, schedule=False):
+def train_model(opt, dtype, schedule=False, seed=0):
     """The example MLP (sizes that leave padded shards: 10 and 8 over 2 or 4 ranks)."""
     import ssaexec as se
     from ssaexec.program.example_models import build_mlp, make_optimizer
     lr = 0.05 if opt == "sgd" else 0.01
     if schedule:
         lr = se.optimizer.lr.StepDecay(lr, step_size=1, gamma=0.5)
-    return build_mlp(dtype, make_optimizer(opt, lr), in_dim=IN_DIM, hidden=(10, 8))
+    return build_mlp(dtype, make_optimizer(opt, lr), seed=seed, in_dim=IN_DIM, hidden=(10, 8))
 
 
 def train_batches(places_total, dtype, runs, seed=0):
@@ -224,9 +224,11 @@ def train_batches(places_total, dtype, runs, seed=0):
              "label": torch.randint(0, 10, (b, 1), generator=g)} for _ in range(runs)]
 
 
-def _run(places, opt, dtype, stage, runs=3, schedule=False, compiler=None, **options):
+def _run(places, opt, dtype, stage, runs=3, schedule=False, compiler=None,
+         seed_by_rank=False, **options):
     return dict(places=places, opt=opt, dtype=dtype, stage=stage, runs=runs,
-                schedule=schedule, compiler=compiler, options=options)
+                schedule=schedule, compiler=compiler, seed_by_rank=seed_by_rank,
+                options=options)
 
 
 def _stages(name, stages=(0, 1, 2, 3), **kw):
@@ -239,6 +241,8 @@ TRAIN_RUNS = {
     **_stages("adamw-2x1", places=1, opt="adamw", dtype="float64"),
     **_stages("sgd-2x2", places=2, opt="sgd", dtype="float64"),
     **_stages("adamw-2x2", places=2, opt="adamw", dtype="float64"),
+    # each rank's start-up draws other values: rank 0's are the ones every rank trains
+    "adamw-2x2/3-seeds": _run(2, "adamw", "float64", 3, seed_by_rank=True),
     **_stages("adamw-fp32-2x2", places=2, opt="adamw", dtype="float32"),
     # gradient accumulation: 2 micro-batches a step, 3 steps
     **_stages("accumulate-2x2", stages=(0, 2, 3), places=2, opt="adamw", dtype="float64",
@@ -271,7 +275,8 @@ def train_run(se, run, distributed, processes=PROCESSES):
     """Train ``run`` (a ``TRAIN_RUNS`` entry): this process's part of ``processes`` x
     ``run["places"]`` (``distributed``), or all of them in one process. Returns the
     gathered state, the losses (this process's) and the graphs' collective counts."""
-    main, startup, loss = train_model(run["opt"], run["dtype"], run["schedule"])
+    seed = se.distributed.rank() if distributed and run["seed_by_rank"] else 0
+    main, startup, loss = train_model(run["opt"], run["dtype"], run["schedule"], seed)
     batches = train_batches(processes * run["places"], run["dtype"], run["runs"])
     options = dict(run["options"], zero_stage=run["stage"])
     if distributed:
@@ -323,6 +328,47 @@ def _failed_step(se, rank, record):
         pe.close()
 
 
+class TorchMLP(torch.nn.Module):
+    """The module of the write-back run (imported with ``se.from_torch``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(IN_DIM, 10)
+        self.fc2 = torch.nn.Linear(10, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def torch_feed(batch):
+    return {"x": batch["img"], "target": batch["label"][:, 0]}
+
+
+def _write_back(se, record):
+    """An imported ``torch.nn`` MLP trained 3 AdamW steps (stages 0 and 3, 2 places a
+    process) and written back into a fresh module on every rank."""
+    import torch.nn.functional as F
+    batches = train_batches(PROCESSES * 2, "float64", 3)
+    for stage in (0, 3):
+        model = TorchMLP().double()
+        main, startup, loss = se.from_torch(
+            model, torch_feed(batches[0]), loss_fn=F.cross_entropy,
+            optimizer=se.optimizer.AdamW(0.01, weight_decay=0.1))
+        with se.ParallelExecutor(se.distributed.local_places(2), main, startup, loss,
+                                 se.distributed.build_strategy(zero_stage=stage),
+                                 scope=se.Scope()) as pe:
+            for b in batches:
+                pe.run([loss], feed=se.distributed.shard_batch(torch_feed(b)))
+            trained = TorchMLP().double()
+            with torch.no_grad():
+                for p in trained.parameters():
+                    p.zero_()
+            se.write_back(pe, trained)  # on every rank: a sharded parameter is gathered
+        record[f"write_back/{stage}"] = {k: v.detach().clone()
+                                         for k, v in trained.state_dict().items()}
+
+
 def _train(se, rank, record):
     only = os.environ.get("ZERO_RUNS")  # a comma list of names: run only those
     names = only.split(",") if only else [n for n, r in TRAIN_RUNS.items()
@@ -337,6 +383,7 @@ def _train(se, rank, record):
             record[name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"{name}: {time.perf_counter() - t0:.2f}s", flush=True)
     if not only:
+        _write_back(se, record)
         _failed_step(se, rank, record)
 
 

@@ -140,3 +140,28 @@ def test_a_failed_step_leaves_every_place_as_it_was(records):
             assert b.keys() == a.keys(), (r, place)
             for k in b:
                 assert torch.equal(a[k], b[k]), (r, place, k)
+
+
+def test_stage_3_trains_rank_0s_start_whatever_each_rank_drew(records):
+    want = _result(records, "adamw-2x2/3")["state"]
+    got = _result(records, "adamw-2x2/3-seeds")["state"]
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_write_back_on_every_rank_gives_torchs_training(records):
+    import torch.nn.functional as F
+    model = Z.TorchMLP().double()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    for b in Z.train_batches(Z.PROCESSES * 2, "float64", 3):
+        f = Z.torch_feed(b)
+        opt.zero_grad()
+        F.cross_entropy(model(f["x"]), f["target"]).backward()
+        opt.step()
+    want = model.state_dict()
+    for rec in records:
+        for stage in (0, 3):
+            got = rec[f"write_back/{stage}"]
+            assert got.keys() == want.keys()
+            for k, v in want.items():
+                assert torch.allclose(got[k], v, rtol=0, atol=FLOAT64), (stage, k)
