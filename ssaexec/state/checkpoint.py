@@ -25,9 +25,8 @@ Policy:
 * **Training state beside the program's.** ``state`` tensors (RNG states, say) are kept
   under ``@STATE.<name>`` and ``meta`` strings in the header; neither is checked against
   the program, and ``load_checkpoint(..., state={})`` hands them back (``resume``).
-* **Places.** Values come from place 0, or for ZeRO-sharded optimizer state from the
-  owner place; loading writes every place (the owners only, under ZeRO), so a run can
-  resume on another number of places.
+* **Places.** Values come from place 0; loading writes every place, so a run can resume
+  on another number of places.
 * **ZeRO shards** (an executor with a ``shard_layout()``): ``save_checkpoint`` writes a
   *sharded* checkpoint by default, one file per global rank (``sharded``: the files,
   the index, the checks), and every process of the run calls it (a collective);
@@ -163,14 +162,10 @@ def _target(target, program):
         t.zero = zero = _zero(pe)
         owners = {} if zero is not None or not hasattr(pe, "state_owners") \
             else pe.state_owners()
-        vars_ = pe.run_program.global_block().vars
-        t.params = {n for n, v in vars_.items() if v.persistable and v.is_parameter}
-        if zero is not None:
-            t.names = zero.plain_names()
-            t.params |= {sp_name for sp_name in zero.vars
-                         if sp_name in vars_ and vars_[sp_name].is_parameter}
-        else:
-            t.names = [v.name for v in _persistables(pe.run_program)]
+        plain = zero.plain_program() if zero is not None else pe.run_program
+        t.params = {v.name for v in _persistables(plain) if v.is_parameter}
+        t.names = zero.plain_names() if zero is not None else \
+            [v.name for v in _persistables(plain)]
 
         def get(name):
             if zero is not None and name in zero.vars:
@@ -261,7 +256,8 @@ def save_checkpoint(path, target, program=None, state=None, meta=None, sharded=N
         the gathered file of full tensors. Either way every process of the run calls
         it. Without ZeRO, True is an error.
 
-    Returns the header written (rank 0's; on other processes, the header rank 0 writes).
+    Returns the header written (of rank 0's file; None on the other processes of a
+    sharded save).
     """
     st = _safetensors()
     t = _target(target, program)
@@ -425,7 +421,8 @@ def _declarations(target, program, t):
     vars are not; its sharded vars are checked by ``declared`` alone)."""
     prog = program if not hasattr(target, "local_scopes") else \
         t.zero.plain_program() if t.zero is not None else target.run_program
-    return {v.name: v for v in _persistables(prog) if v.name in set(t.names)}
+    names = set(t.names)
+    return {v.name: v for v in _persistables(prog) if v.name in names}
 
 
 def read_checkpoint(path, follow_symlinks=True):

@@ -6,8 +6,8 @@ processes; this module is the other half: what a checkpoint holds and how a rest
 process continues from it.
 
 What a checkpoint holds (``step-<8 digits>.safetensors``, one ``checkpoint.save_checkpoint``
-file): every persistable (parameters, optimizer state with ZeRO shards gathered from their
-owner places, the learning-rate schedule's counter ``@LR.step``, fp16 loss scaling,
+file; under ZeRO, one file per rank, ``sharded``): every persistable (parameters,
+optimizer state, the learning-rate schedule's counter ``@LR.step``, fp16 loss scaling,
 gradient accumulators), the executor's run counter (the per-step seeds of random ops are a
 function of it, ``runtime.rng``), each rank's torch RNG states (CPU, and CUDA of its
 places), the data position (``sampler.EpochSampler``), the step, and the world size.
