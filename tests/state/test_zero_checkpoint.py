@@ -218,6 +218,21 @@ def test_an_index_that_disagrees_with_itself_or_the_program_is_refused(tmp_path)
     _refused(program, path, "its 'persistables' header is not a JSON object")
 
 
+def test_a_shard_file_that_is_a_fifo_or_a_symlink_is_never_opened(tmp_path):
+    program, path = _saved(tmp_path)
+    shard = tmp_path / "c.shard-00002-of-00004.safetensors"
+    os.replace(shard, tmp_path / "real")
+    os.mkfifo(shard)  # opened for reading, a FIFO would wait for a writer forever
+    _refused(program, path, r"c.shard-00002-of-00004.safetensors: is a FIFO \(named pipe\), "
+                            "not a checkpoint shard file")
+    os.remove(shard)
+    os.symlink(tmp_path / "real", shard)
+    with _executor(program, 2, 3) as pe:
+        se.load_checkpoint(path, pe)  # a user's own symlinks are followed by default ...
+        with pytest.raises(SSAExecError, match="is a symlink, not a checkpoint shard file"):
+            se.load_checkpoint(path, pe, follow_symlinks=False)  # ... never in a folder's
+
+
 def test_damaged_shard_data_is_refused_by_its_digest(tmp_path):
     program, path = _saved(tmp_path)
     shard = tmp_path / "c.shard-00003-of-00004.safetensors"
@@ -259,16 +274,16 @@ def _train(steps, places, stage, folder=None, every=None, keep=3):
         return _state(pe), start
 
 
-@pytest.mark.parametrize("places", [2, 4])
-def test_stage3_killed_and_resumed_equals_the_run_that_never_stopped(tmp_path, places):
-    ref, _ = _train(7, places, 3)
+@pytest.mark.parametrize("stage,places", [(3, 2), (3, 4), (2, 2), (1, 2)])
+def test_killed_and_resumed_equals_the_run_that_never_stopped(tmp_path, stage, places):
+    ref, _ = _train(7, places, stage)
     folder = tmp_path / "ck"
-    _train(5, places, 3, folder, every=2, keep=2)  # "killed" after step 5: resumes at 4
+    _train(5, places, stage, folder, every=2, keep=2)  # "killed" after step 5: resumes at 4
     assert sorted(os.listdir(folder)) == sorted(
         [f"step-0000000{s}.safetensors" for s in (2, 4)]
         + [f"step-0000000{s}.shard-0000{r}-of-0000{places}.safetensors"
            for s in (2, 4) for r in range(1, places)])
-    got, start = _train(7, places, 3, folder, every=2, keep=2)
+    got, start = _train(7, places, stage, folder, every=2, keep=2)
     assert start == 4
     _equal(got, ref)  # float64, bit for bit
     # rotation removed step 2 and its shard files with it
