@@ -58,13 +58,18 @@ TORCHTITAN = {
     "batch": 2, "seq_len": 8192, "ac": "op",
     "rows": [
         {"id": "llama3-8b-fsdp-8", "gpus": 8, "tps_per_gpu": 5762, "memory_gib": 82.4,
-         "compiled": False},
+         "compiled": False, "cluster": "grand-teton-h100", "batch": 2},
         {"id": "llama3-8b-fsdp-compile-8", "gpus": 8, "tps_per_gpu": 6667,
-         "memory_gib": 77.0, "compiled": True},
+         "memory_gib": 77.0, "compiled": True, "cluster": "grand-teton-h100", "batch": 2},
         {"id": "llama3-8b-fsdp-128", "gpus": 128, "tps_per_gpu": 5605, "memory_gib": 67.0,
-         "compiled": False},
+         "compiled": False, "cluster": "grand-teton-h100", "batch": 2},
         {"id": "llama3-8b-fsdp-compile-128", "gpus": 128, "tps_per_gpu": 6514,
-         "memory_gib": 62.0, "compiled": True},
+         "memory_gib": 62.0, "compiled": True, "cluster": "grand-teton-h100", "batch": 2},
+        # the earlier table of the same document (commit 041336434916): Llama 3 8B (the
+        # 3.1 shape), 64 A100 80GB, local batch 1, selective op AC, eager; the A100
+        # cluster's network is not stated (dgx-a100's assumed)
+        {"id": "llama3-8b-a100-fsdp-64", "gpus": 64, "tps_per_gpu": 2973, "memory_gib": None,
+         "compiled": False, "cluster": "dgx-a100", "batch": 1},
     ],
 }
 
@@ -311,3 +316,51 @@ def flops_per_token(model):
     n = parameter_count(**s) - s["vocab"] * s["dim"]
     return 6 * n + 12 * s["layers"] * s["heads"] * (s["dim"] // s["heads"]) * model.seq_len
 
+
+def compare(rows=None, extra_gpus=(64,), model=None):
+    """Predict every published row (and the H100 cluster at ``extra_gpus`` GPUs, which
+    has no published figure); a list of dicts: the row, ``predicted`` tokens/s/GPU,
+    ``error`` (None without a figure), ``result`` (``predict_tokens``'s)."""
+    from .cluster import get_cluster
+    model = model or build_llama(seq_len=TORCHTITAN["seq_len"], **LLAMA3_8B)
+    rows = list(rows or TORCHTITAN["rows"])
+    rows += [{"id": f"llama3-8b-fsdp-{n}", "gpus": n, "tps_per_gpu": None, "memory_gib": None,
+              "compiled": None, "cluster": "grand-teton-h100", "batch": TORCHTITAN["batch"]}
+             for n in extra_gpus]
+    profiles, cache, out = {}, {}, []
+    for row in sorted(rows, key=lambda r: (r["cluster"], r["gpus"])):
+        cluster = get_cluster(row["cluster"])
+        key = (cluster.name, row["batch"])
+        if key not in profiles:
+            profiles[key] = llama_profile(model, row["batch"], cluster.device)
+        r = predict_tokens(row["gpus"], cluster, batch=row["batch"], model=model,
+                           profile=profiles[key], cache=cache)
+        tps = r["tokens_per_sec_per_gpu"]
+        out.append({"row": row, "predicted": tps, "result": r,
+                    "error": tps / row["tps_per_gpu"] - 1 if row["tps_per_gpu"] else None})
+    return out
+
+
+def format_table(results):
+    """The comparison as Markdown (docs/simulator.md)."""
+    lines = ["| row | cluster | GPUs | batch | published TPS/GPU | predicted | error | "
+             "exposed comm | memory published GiB | predicted GiB (model state) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        row, res = r["row"], r["result"]
+        p, m = res["prediction"], res["memory"]
+        pub = f"{row['tps_per_gpu']:,}" if row["tps_per_gpu"] else "-"
+        if row["compiled"]:
+            pub += " (compiled)"
+        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        mem = f"{row['memory_gib']}" if row.get("memory_gib") else "-"
+        lines.append(f"| {row['id']} | {row['cluster']} | {row['gpus']} | {row['batch']} | "
+                     f"{pub} | {r['predicted']:,.0f} | {err} | "
+                     f"{p.comm_exposed_s / p.step_s:.1%} | {mem} | "
+                     f"{m.peak_bytes / 2**30:.1f} ({m.model_state_bytes / 2**30:.1f}) |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m ssaexec.sim.llama: the table of docs/simulator.md
+    import sys
+    sys.stdout.write(format_table(compare()))
