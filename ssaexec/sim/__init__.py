@@ -3,7 +3,8 @@
 Modules, one concept each:
 
 * ``cluster``: ``Cluster`` (devices, host, links) and the presets (``dgx-h100`` ...);
-* ``comm``: α-β cost models of ring, tree and hierarchical collectives;
+* ``comm_cost``: α-β cost models of ring, tree and hierarchical collectives (all-reduce,
+  reduce, broadcast, all-gather, reduce-scatter);
 * ``profile``: ``Profile``, op durations from a trace, measured, or estimated;
 * ``engine``: the discrete-event replay of one process's step (host, GIL, scheduler
   threads, streams, collectives) and its critical path;
@@ -14,6 +15,8 @@ Modules, one concept each:
 * ``stragglers``: the slowest of N ranks (expected maximum of their step times);
 * ``input_pipeline``: preparing each rank's batch while the step runs;
 * ``published``: the validation against published results (docs/data/published.json);
+* ``memory``: each device's peak memory under ZeRO 0-3 (``ssaexec stats --zero``);
+* ``llama``: a Llama-style model and its prediction against torchtitan's FSDP2 runs;
 * ``calibrate``: a cluster of this machine's CPU places, or of its GPU, measured;
 * ``report``: table, JSON and plot.
 
