@@ -11,6 +11,10 @@ from .errors import SSAExecError
 
 __all__ = ["BuildStrategy", "ExecutionStrategy"]
 
+# ExecutionStrategy's compiler when none is named: the one switch of the default path
+# (None: the straight-line compiled path; "auto": tiered, runtime.tiered)
+DEFAULT_COMPILER = None
+
 
 def _check(name, value, allowed):
     if value not in allowed:
@@ -208,13 +212,17 @@ class ExecutionStrategy:
         True (default): lower the graph once to prepared calls, straight-line code
         per segment (``runtime.compiled``). False: the readable path, one
         ``OpCall`` per op handle through the scheduler (per-op traces use it).
-    compiler : {None, "inductor"}
-        With ``compiled``: None (default) runs each segment's generated code;
-        "inductor" compiles each segment with Inductor (``runtime.inductor``; one
-        place in one process: the whole step as one graph). A segment it cannot
-        compile runs its generated code, with one line saying why. None with the
-        environment variable ``SSAEXEC_COMPILER`` set takes its value (``make
-        test-inductor`` runs the suite so).
+    compiler : {"default", None, "inductor", "auto"}
+        With ``compiled``: None runs each segment's generated code; "inductor"
+        compiles each segment with Inductor before its steps run on it
+        (``runtime.inductor``; one place in one process: the whole step as one
+        graph); "auto" runs the generated code at once, compiles the segments in the
+        background and switches to them at a step boundary (``runtime.tiered``). A
+        segment Inductor cannot compile runs its generated code, with one line saying
+        why. "default" is ``DEFAULT_COMPILER``. The environment variable
+        ``SSAEXEC_COMPILER`` ("inductor", "auto" or "none"), when set, replaces
+        "default" and None (``make test-inductor`` runs the suite so; the test suite
+        sets "none").
     """
 
     __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled", "amp_allreduce",
@@ -222,7 +230,7 @@ class ExecutionStrategy:
 
     def __init__(self, num_threads=None, sync="event", amp=None, torch_threads=None,
                  compiled=True, amp_allreduce="fp32", cuda_graph=False, cuda_graph_warmup=2,
-                 cuda_graph_cache=4, compiler=None):
+                 cuda_graph_cache=4, compiler="default"):
         if num_threads is not None and num_threads < 1:
             raise SSAExecError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
@@ -231,9 +239,13 @@ class ExecutionStrategy:
         self.amp_allreduce = _check("amp_allreduce", amp_allreduce, ("fp32", "low"))
         self.torch_threads = torch_threads
         self.compiled = bool(compiled)
-        if compiler is None:  # make test-inductor: every strategy compiles
+        if compiler == "default":
+            compiler = os.environ.get("SSAEXEC_COMPILER") or DEFAULT_COMPILER
+        elif compiler is None:  # make test-inductor: every strategy compiles
             compiler = os.environ.get("SSAEXEC_COMPILER") or None
-        self.compiler = _check("compiler", compiler, (None, "inductor"))
+        if compiler == "none":  # the environment's way to say None
+            compiler = None
+        self.compiler = _check("compiler", compiler, (None, "inductor", "auto"))
         self.cuda_graph = bool(cuda_graph)
         if cuda_graph_warmup < 1 or cuda_graph_cache < 1:
             raise SSAExecError(f"cuda_graph_warmup and cuda_graph_cache must be >= 1, got "

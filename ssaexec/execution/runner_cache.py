@@ -4,12 +4,14 @@ A step of a ``ParallelExecutor`` runs one runner; the runner is determined by it
 ``(fetch, compiled, amp, phase, compiler)``: the fetch list, whether the compiled path
 runs (``ExecutionStrategy.compiled``, unless the steps are observed on the readable
 per-op path), the AMP mode, the phase ("apply" or "accumulate") and the compiler
-(``"inductor"`` or None). The key is read from the strategies at each call, so a
+(``"inductor"``, ``"auto"`` or None). The key is read from the strategies at each call, so a
 strategy changed between steps gets its own runner.
 
 Policy. ``compiler="inductor"`` runs ``runtime.runner.Runner`` with
-``InductorLowering``; else the compiled path runs ``CompiledRunner`` and the readable
-one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under a
+``InductorLowering``; ``compiler="auto"`` runs ``runtime.tiered.TieredRunner`` (straight-line
+code at once, Inductor's graphs from a step boundary on), or, where
+``tiered.straight_reason`` gives a reason (said once), the compiled path; else the compiled
+path runs ``CompiledRunner`` and the readable one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under a
 compiler, gradients go in buckets unless the strategy says otherwise (the default is
 decided in ``ssaexec.core.strategy``, not here).
 
@@ -25,6 +27,7 @@ from ..runtime.graph_runner import GraphRunner
 from ..runtime.inductor import InductorLowering
 from ..runtime.parallel_block import run_places
 from ..runtime.runner import Runner
+from ..runtime.tiered import TieredRunner, say_straight, straight_reason
 
 __all__ = ["RunnerCache"]
 
@@ -76,6 +79,11 @@ class RunnerCache:
 
     def _build(self, key, program, local_scopes, collective):
         fetch, compiled, _, phase, compiler = key
+        if compiler == "auto":
+            why = straight_reason(self.places, self.build_strategy, self.exec_strategy)
+            if why is not None:
+                say_straight(why)
+                compiler = None
         build = self.build_strategy.for_compiler(compiler)
         graph = build_ssa_graph(program, self.places, build, list(fetch))
         graph.lint()
@@ -83,6 +91,9 @@ class RunnerCache:
         if compiler == "inductor":
             return Runner(graph, local_scopes, collective, self._scheduler, InductorLowering(),
                           self.contexts(), sync, run_places)
+        if compiler == "auto":
+            return TieredRunner(graph, local_scopes, collective, self._scheduler,
+                                self.contexts(), sync, run_places)
         kind = CompiledRunner if compiled else GraphRunner
         return kind(graph, local_scopes, collective, self._scheduler, self.contexts(), sync,
                     run_places=run_places)

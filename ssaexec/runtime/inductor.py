@@ -95,6 +95,7 @@ import shutil
 import sys
 import threading
 import time
+import types
 
 import torch
 
@@ -125,10 +126,10 @@ _HOST_READS = (_aten._local_scalar_dense.default, _aten.item.default)
 
 def check_compiler(compiler, places):
     """Raise a clear ``SSAExecError`` when ``compiler`` cannot run on ``places``."""
-    if compiler is None:
+    if compiler is None or compiler == "auto":  # "auto" never refuses (runtime.tiered)
         return
     if compiler != "inductor":
-        raise SSAExecError(f"compiler must be None or 'inductor', got {compiler!r}")
+        raise SSAExecError(f"compiler must be None, 'inductor' or 'auto', got {compiler!r}")
     # what a compile needs of torch, refused now (at build time) rather than mid-step
     compat.require("inductor.compile_fx", "inductor.config", "inductor.tracing_context",
                    "inductor.tracing", "fx.make_fx", "fx.disable_proxy_modes_tracing",
@@ -150,6 +151,7 @@ class InductorLowering:
 
     __slots__ = ("base", "fallbacks", "compiles", "cpp_wrapped", "foreach", "notes")
     compiled = True
+    chatty = True  # a line before and after each compile (runtime.tiered: none, one at the switch)
     atomic = True  # a compiled segment may update state in any order: the commit phase apart
     rebindable = True
 
@@ -279,16 +281,7 @@ class _CompiledSegment:
         scope = self.scopes[self.seg.place_idx]
         if self.loads is None:
             return self._record(scope)
-        find, get = scope.find_var, scope.vars.get
-        inputs = [t if (t := get(n)) is not None else find(n) for n in self.loads]
-        if self.draws:
-            # the step's seeds, written into tensors kept for it (a fill costs a quarter
-            # of a new tensor); the graph reads them during the call only
-            step = self.ns["_step"][0]
-            seeds = self.seeds
-            for t, d in zip(seeds, self.draws):
-                t.fill_(op_seed(*d, step))
-            inputs += seeds
+        inputs = self.inputs(scope)
         key = _signature(inputs)
         fn = self.graphs.get(key)
         if fn is None:
@@ -327,6 +320,21 @@ class _CompiledSegment:
         except Exception as e:
             return self._failed(e)
         scope.vars.update(zip(self.stores, outs))  # one output per recorded store
+
+    def inputs(self, scope):
+        """The compiled function's arguments at this step: the recorded loads from
+        ``scope``, then this step's seeds."""
+        find, get = scope.find_var, scope.vars.get
+        inputs = [t if (t := get(n)) is not None else find(n) for n in self.loads]
+        if self.draws:
+            # the step's seeds, written into tensors kept for it (a fill costs a quarter
+            # of a new tensor); the graph reads them during the call only
+            step = self.ns["_step"][0]
+            seeds = self.seeds
+            for t, d in zip(seeds, self.draws):
+                t.fill_(op_seed(*d, step))
+            inputs += seeds
+        return inputs
 
     def _failed(self, e):
         """The compiled graph raised ``e``. Outside the commit phase it wrote nothing that
@@ -389,9 +397,20 @@ class _CompiledSegment:
         self.seeds = [torch.zeros((), dtype=torch.int64) for _ in self.draws]
 
     def _compile(self, inputs):
-        compile_fx, make_fx = compat.compile_fx, compat.make_fx
+        gm, copies = self._trace(inputs)
+        return self._compile_traced(gm, copies)
+
+    def _trace(self, inputs):
+        """The segment's fx graph of ATen ops, traced on copies of ``inputs``, and the
+        copies (the example inputs it is compiled for)."""
+        make_fx = compat.make_fx
         disable_proxy_modes_tracing = compat.disable_proxy_modes_tracing
-        body, loads, stores = self.seg.lowered.fn, self.loads, self.stores
+        loads, stores = self.loads, self.stores
+        # the generated code over a copy of its names: the trace swaps _op_seed and _seeded
+        # in them, while the step's own code may run at the same time (runtime.tiered
+        # traces in a background thread)
+        ns = dict(self.ns)
+        body = types.FunctionType(self.seg.lowered.fn.__code__, ns)
 
         n_loads = len(loads)
         draws = _SeededDraws()
@@ -401,7 +420,7 @@ class _CompiledSegment:
             seeds = iter(values[n_loads:])
             out = {}
             # each random op's seed is the next graph input; its draws become seeded_calls
-            with _swapped(self.ns, _op_seed=lambda *_: next(seeds), _seeded=draws.seeded), \
+            with _swapped(ns, _op_seed=lambda *_: next(seeds), _seeded=draws.seeded), \
                     draws:
                 body(out, env.get)
             return tuple(out[n] for n in stores)
@@ -424,36 +443,49 @@ class _CompiledSegment:
         if draws.refused is not None:
             raise _Refused(draws.refused)
         _alpha_as_mul(gm)
-        seg = self.seg
-        self.lowering.say(f"ssaexec: compiling {seg.place} segment {seg.id} "
-                          f"({len(seg.handles)} ops) with Inductor ...")
-        t0 = time.perf_counter()
-        # a tracing context whose fake mode has a shape env: without one Inductor bypasses
-        # its FX graph cache ("No shape env"), and a second process compiles everything
-        # again; ignore_shape_env keeps the example inputs' static shapes
-        def compiled(cpp_wrapper):
-            fake_mode = compat.fake_tensor_mode(shape_env=compat.shape_env())
-            # no size asserts: the graph is only ever called with inputs of the shapes,
-            # strides, dtypes and devices it was compiled for (the signature picks it), so
-            # Inductor's own check of each input, every call, would repeat ours (tens of
-            # microseconds a step on a launch-bound model: one check per input)
-            with compat.tracing_context(fake_mode), compat.inductor_config().patch(
-                    emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
-                return compile_fx(gm, copies, ignore_shape_env=True)
+        return gm, copies
 
-        cpp = _cpp_wrapper_ok(gm, copies)
-        try:
-            fn = compiled(cpp)
-        except Exception:  # noqa: BLE001 - the C++ wrapper refused a call: the Python one
-            if not cpp:
-                raise
-            cpp = False
-            fn = compiled(False)
+    def _compile_traced(self, gm, copies):
+        """Compile the traced ``gm`` for ``copies`` (``compile_graph``), with its lines."""
+        seg = self.seg
+        chatty = self.lowering.chatty
+        if chatty:
+            self.lowering.say(f"ssaexec: compiling {seg.place} segment {seg.id} "
+                              f"({len(seg.handles)} ops) with Inductor ...")
+        t0 = time.perf_counter()
+        fn, cpp = compile_graph(gm, copies)
         self.lowering.cpp_wrapped += cpp
         self.lowering.compiles += 1
-        self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
-                          f"{time.perf_counter() - t0:.1f} s")
+        if chatty:
+            self.lowering.say(f"ssaexec: {seg.place} segment {seg.id} compiled in "
+                              f"{time.perf_counter() - t0:.1f} s")
         return fn
+
+
+def compile_graph(gm, example_inputs):
+    """``gm`` compiled by Inductor for ``example_inputs``: (function, whether with the C++
+    wrapper). The one compile call, shared with ``runtime.compile_worker`` (which fills
+    Inductor's on-disk cache in another process: the same call must make the same key)."""
+    # a tracing context whose fake mode has a shape env: without one Inductor bypasses
+    # its FX graph cache ("No shape env"), and a second process compiles everything
+    # again; ignore_shape_env keeps the example inputs' static shapes
+    def compiled(cpp_wrapper):
+        fake_mode = compat.fake_tensor_mode(shape_env=compat.shape_env())
+        # no size asserts: the graph is only ever called with inputs of the shapes,
+        # strides, dtypes and devices it was compiled for (the signature picks it), so
+        # Inductor's own check of each input, every call, would repeat ours (tens of
+        # microseconds a step on a launch-bound model: one check per input)
+        with compat.tracing_context(fake_mode), compat.inductor_config().patch(
+                emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
+            return compat.compile_fx(gm, example_inputs, ignore_shape_env=True)
+
+    cpp = _cpp_wrapper_ok(gm, example_inputs)
+    try:
+        return compiled(cpp), cpp
+    except Exception:  # noqa: BLE001 - the C++ wrapper refused a call: the Python one
+        if not cpp:
+            raise
+        return compiled(False), False
 
 
 def _cpp_wrapper_ok(gm, inputs):

@@ -1,0 +1,442 @@
+"""Tiered compilation (``compiler="auto"``): run at once, compile in the background, switch.
+
+JIT compilers for other languages answer compile waits with tiers; so does this module.
+The runner is the Inductor runner's (``runtime.inductor``: the same graph, segments,
+memory plan and commit phase apart), with two tiers of every segment:
+
+* **straight-line** (tier 0): the segment's generated code (``runtime.codegen``), the
+  compiled path's code, exact against it, and the code the Inductor lowering itself falls
+  back on. Steps run on it from the first one, with no compile wait;
+* **compiled** (tier 1): the segment's graph compiled by Inductor, exactly as
+  ``compiler="inductor"`` compiles it (record, trace, compile per input signature).
+
+Per segment: its first step records its loads and stores (``_CompiledSegment._record``);
+its next step copies its inputs (tracing runs the kernels: on copies, as the blocking
+compile does) and hands the trace and the compile to one background thread of the process
+(``_Worker``), then runs its straight-line code; later steps run straight-line code too.
+
+Switch. At the start of a step (``begin_step``), once every segment of the runner is
+settled (a graph compiled for the input signature it saw last, or refused: a segment that
+cannot be compiled stays on its straight-line code, with one line naming it and why, as
+under ``compiler="inductor"``), the whole runner runs its compiled graphs from that step
+on. Segments of one step never mix tiers by timing: the tier is decided once per step, for
+every place. One line says the switch, a few steps after it (``REPORT_AFTER``): the steps
+run before it, the seconds the background compile took, and the step time before and
+after (``say``: stderr, or ``notes``).
+
+New shapes. A compiled segment that meets an input signature it has no graph for runs its
+straight-line code, and so does the rest of that step and every step until the new
+signature is compiled in the background and the runner switches again: never a wait. On
+one place the segments run in order, so the step that meets the new shape runs straight
+from that segment on; with several places, a segment of another place may already have run
+compiled in that step (each segment's two tiers agree to float32 rounding, the switch's own
+difference). A new fetch list is a new runner (``RunnerCache``), which starts on its own
+straight-line tier.
+
+Why a thread, and not worker processes. A thread needs no second copy of the program and
+its state, and the compiled function it makes is the one the step calls. What the running
+steps pay for it is the interpreter lock while the trace and Inductor's Python run (the C++
+compiles run in Inductor's own subprocess pool, ``compile_threads``);
+``bench/time_to_steps.py`` measures the steps before the switch against ``compiler=None``.
+
+Cache across runs. Inductor keeps each compiled graph in its on-disk FX graph cache
+(``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``, kept across runs
+until the machine cleans its temporary files). After each compile this module leaves a
+marker there (``ssaexec_tiered/``, keyed by the segment's generated code, its constants,
+its input signature and the torch version). A segment whose marker exists loads its graph
+from the cache in a fraction of a cold compile, so the first step boundary after its
+submission waits for it (at most ``WARM_WAIT_S``): a second run of the same program
+switches at the start of its third step (step 1 records, step 2 submits).
+
+Numerics and resume. Each compiled graph equals its straight-line code to float32
+rounding (fused kernels round the last bit their own way), so the steps after the switch
+may differ in the last bits from ``compiler=None``'s. The switch step depends on how long
+the compile took: a run resumed from a checkpoint (``se.Checkpoints``) switches at its own
+third step with a warm cache, or when its compile ends, not at the step the uninterrupted
+run switched at, so the two agree to float32 rounding, not bit for bit. ``compiler=None``
+and ``compiler="inductor"`` keep their exact behaviour.
+
+Where it does not run (``straight_reason``): places with no C++ compiler (CPU) or no
+Triton (CUDA), a multi-process run (ranks would switch at different steps, and their
+replicas would drift apart in the last bits), and CUDA graph capture (a captured step
+would keep the tier it was captured in). There ``compiler="auto"`` is the compiled path,
+said once per process on one line.
+"""
+
+import collections
+import hashlib
+import importlib.util
+import os
+import queue
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import weakref
+
+import torch
+
+from ..core.errors import SSAExecError
+from ..ops.guards import GuardError
+from .compile_worker import CompileWorker, portable
+from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _CompiledSegment,
+                       _first_line, _layout_copy, _Refused, _signature, check_compiler)
+from .runner import Runner
+
+__all__ = ["REPORT_AFTER", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "straight_reason"]
+
+REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
+WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
+_SAID = set()  # straight_reason lines said in this process (once each)
+
+
+def straight_reason(places, build_strategy, exec_strategy):
+    """Why ``compiler="auto"`` runs the compiled path (no tiers) here, or None."""
+    if build_strategy.num_trainers > 1:
+        return ("a multi-process run: ranks would switch tiers at different steps and their "
+                "replicas drift apart in the last bits (compiler='inductor' compiles on all)")
+    if exec_strategy.cuda_graph:
+        return "CUDA graph capture keeps the tier a step was captured in"
+    try:
+        check_compiler("inductor", places)
+    except SSAExecError as e:
+        return str(e)
+    if any(p.is_cuda for p in places) and importlib.util.find_spec("triton") is None:
+        return "CUDA places need Triton for Inductor, and it is not installed"
+    return None
+
+
+def say_straight(reason):
+    """The one line, once per process, saying that ``compiler="auto"`` runs no tiers."""
+    if reason not in _SAID:
+        _SAID.add(reason)
+        print(f"ssaexec: compiler='auto' runs the compiled path without Inductor: {reason}",
+              file=sys.stderr, flush=True)
+
+
+class _Worker:
+    """One background thread per process, running compile jobs in turn (Inductor keeps
+    process-wide state: one compile at a time, ``inductor._COMPILE_LOCK``)."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.thread = None
+        self.lock = threading.Lock()
+
+    def submit(self, job):
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                # a daemon: a run that ends mid-compile does not wait for it
+                self.thread = threading.Thread(target=self._loop, name="ssaexec-compile",
+                                               daemon=True)
+                self.thread.start()
+        self.jobs.put(job)
+
+    def _loop(self):
+        while True:
+            self.jobs.get()()
+
+
+_WORKER = _Worker()
+_PROCESS = CompileWorker()
+# where the compile proper runs: "process" (runtime.compile_worker; the default) or
+# "thread" (the background thread itself; bench/time_to_steps.py compares the two)
+_WORKER_KIND = os.environ.get("SSAEXEC_COMPILE_WORKER", "process")
+
+
+class TieredLowering(InductorLowering):
+    """The Inductor lowering with a straight-line tier first (see the module docstring).
+
+    ``tier`` is the tier the current step runs ("straight" or "compiled"); ``ran`` counts
+    the steps each tier ran; ``switches`` lists ``(steps before, compile seconds)`` of each
+    switch; ``wait()`` waits for the background compiles (tests, benchmarks).
+    """
+
+    __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
+                 "pending", "cond", "missed", "step_tier", "said")
+    chatty = False  # no line per compile: one at the switch
+
+    def __init__(self, notes=None):
+        super().__init__(notes=notes)
+        self.tier = "straight"
+        self.segs = []
+        self.ran = {"straight": 0, "compiled": 0}
+        self.switches = []
+        self.compile_s = 0.0  # seconds the background compiles took, all together
+        self.before = collections.deque(maxlen=20)  # the last straight steps' seconds
+        self.after = []  # the first compiled steps' seconds after the last switch
+        self.pending = 0  # background jobs not yet done
+        self.cond = threading.Condition()
+        self.missed = False  # a segment met a new signature in this step
+        self.step_tier = "straight"
+        self.said = True
+
+    def segment_body(self, seg):
+        body = _TieredSegment(self, seg, self.base.segment_body(seg))
+        self.segs.append(body)
+        return body.run
+
+    def begin_step(self):
+        super().begin_step()
+        self.missed = False
+        if self.tier == "straight" and self._ready():
+            self.tier = "compiled"
+            self.switches.append((sum(self.ran.values()), self.compile_s))
+            self.after, self.said = [], False
+        self.step_tier = self.tier
+
+    def end_step(self, seconds):
+        """Count the step that just ran in ``seconds``, and say the switch's line once
+        ``REPORT_AFTER`` compiled steps have run after it."""
+        tier = "straight" if self.missed else self.step_tier
+        self.ran[tier] += 1
+        if tier == "straight":
+            self.before.append(seconds)
+            return
+        if self.said:
+            return
+        self.after.append(seconds)
+        if len(self.after) >= REPORT_AFTER:
+            self.said = True
+            steps, compile_s = self.switches[-1]
+            n = sum(1 for s in self.segs if s.graphs)
+            left = sum(1 for s in self.segs if s.refused not in (None, "foreach"))
+            before = (f"{statistics.median(self.before) * 1e3:.2f} ms a step before"
+                      if self.before else "no step timed before")
+            self.say(f"ssaexec: switched to compiled segments after {steps} steps on the "
+                     f"straight-line path ({n} segments compiled by Inductor in "
+                     f"{compile_s:.1f} s in the background"
+                     + (f", {left} kept uncompiled" if left else "") + f"): {before}, "
+                     f"{statistics.median(self.after) * 1e3:.2f} ms after")
+
+    def miss(self):
+        """A segment met an input signature with no graph: this step runs straight-line
+        code from here on, and so do the next ones until the runner switches again."""
+        self.missed = True
+        self.tier = "straight"
+
+    def _ready(self):
+        """Whether every segment is settled (at least one with a graph), waiting at most
+        ``WARM_WAIT_S`` for those whose graphs are expected from the on-disk cache."""
+        if not self.segs:
+            return False
+        waiting = [s for s in self.segs if not s.settled()]
+        if waiting and all(s.warm and s.pending_key == s.current for s in waiting):
+            deadline = time.monotonic() + WARM_WAIT_S
+            with self.cond:
+                while any(s.pending_key is not None for s in waiting) and \
+                        (left := deadline - time.monotonic()) > 0:
+                    self.cond.wait(left)
+            waiting = [s for s in self.segs if not s.settled()]
+        return not waiting and any(s.current in s.graphs for s in self.segs)
+
+    def wait(self, timeout=None):
+        """Wait until no background compile of this lowering is pending (True), or
+        ``timeout`` seconds (False)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.pending == 0, timeout)
+
+
+class _TieredSegment(_CompiledSegment):
+    """One segment's two tiers: its straight-line code until the runner switches, then its
+    compiled graphs; its compiles submitted to the background worker."""
+
+    __slots__ = ("current", "pending_key", "warm", "skipped", "__weakref__")
+
+    def __init__(self, lowering, seg, fallback):
+        super().__init__(lowering, seg, fallback)
+        self.current = None  # the input signature of its last step
+        self.pending_key = None  # the signature being compiled in the background
+        self.warm = False  # that compile is expected to load from Inductor's cache
+        self.skipped = set()  # signatures beyond MAX_SIGNATURES: straight-line code
+
+    def settled(self):
+        return self.refused is not None or (self.current is not None and (
+            self.current in self.graphs or self.current in self.skipped))
+
+    def run(self):
+        if self.refused is not None:
+            return self.fallback()
+        scope = self.scopes[self.seg.place_idx]
+        if self.loads is None:
+            return self._record(scope)
+        low = self.lowering
+        inputs = self.inputs(scope)
+        key = self.current = _signature(inputs)
+        if low.tier == "compiled" and not low.missed:
+            fn = self.graphs.get(key)
+            if fn is not None:
+                try:
+                    outs = fn(*inputs)
+                except Exception as e:
+                    return self._failed(e)
+                scope.vars.update(zip(self.stores, outs))  # one output per recorded store
+                return None
+            if key not in self.skipped:
+                low.miss()
+        if key not in self.graphs and key not in self.skipped and self.pending_key is None:
+            self._submit(key, inputs)
+        return self.fallback()
+
+    def _submit(self, key, inputs):
+        """Copy this step's inputs and hand their trace and compile to the worker."""
+        bad = next((n for n, t in zip(self.loads, inputs)
+                    if not isinstance(t, torch.Tensor)), None)
+        if bad is not None or key is None:
+            self._refuse(f"its input {bad!r} is not a tensor")
+            return
+        if len(self.graphs) >= MAX_SIGNATURES:
+            self.skipped.add(key)
+            if len(self.skipped) == 1:
+                seg = self.seg
+                self.lowering.say(
+                    f"ssaexec: {seg.place} segment {seg.id} ({seg.name}) has compiled "
+                    f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
+                    "uncompiled: pad the inputs to fewer shapes")
+            return
+        try:
+            copies = [_layout_copy(n, t) for n, t in
+                      zip(self.loads + ["seed"] * len(self.draws), inputs)]
+        except _Refused as e:
+            self._refuse(str(e))
+            return
+        marker = _marker(self, key)
+        low = self.lowering
+        with low.cond:
+            low.pending += 1
+            self.pending_key = key
+            self.warm = warm = marker is not None and os.path.exists(marker)
+        _WORKER.submit(_Job(self, key, copies, marker, warm))
+
+
+class _Job:
+    """One background compile: holds its segment weakly (a dropped executor's compiles
+    are skipped) and the copies of its inputs."""
+
+    __slots__ = ("seg", "key", "copies", "marker", "warm")
+
+    def __init__(self, seg, key, copies, marker, warm):
+        self.seg, self.key, self.copies, self.marker = weakref.ref(seg), key, copies, marker
+        self.warm = warm
+
+    def __call__(self):
+        seg = self.seg()
+        if seg is None:
+            return
+        low = seg.lowering
+        t0 = time.perf_counter()
+        fn = reason = None
+        try:
+            with _COMPILE_LOCK:
+                gm, copies = seg._trace(self.copies)
+                gm = portable(gm)  # the graph every process compiles: one cache key
+            t1 = time.perf_counter()
+            why = "expected in the cache" if self.warm else None
+            if _WORKER_KIND == "process" and not self.warm:
+                # the compile proper in the worker process; here, a load from the cache
+                why = _PROCESS.compile(gm, copies)
+            t2 = time.perf_counter()
+            if os.environ.get("SSAEXEC_TIERED_DEBUG"):
+                print(f"tiered: trace {t1 - t0:.2f} s, worker {t2 - t1:.2f} s ({why})",
+                      file=sys.stderr, flush=True)
+            with _COMPILE_LOCK:
+                fn = seg._compile_traced(gm, copies)
+            if os.environ.get("SSAEXEC_TIERED_DEBUG"):
+                from torch._dynamo.utils import counters
+                print(f"tiered: load {time.perf_counter() - t2:.2f} s "
+                      f"{dict(counters['inductor'])}", file=sys.stderr, flush=True)
+        except _Refused as e:
+            reason = str(e)
+        except (SSAExecError, GuardError) as e:
+            reason = f"a check refused its inputs while traced ({_first_line(e)})"
+        except Exception as e:  # noqa: BLE001 - any failure of tracing or Inductor
+            reason = f"Inductor could not compile it ({type(e).__name__}: {_first_line(e)})"
+        self.copies = None
+        with low.cond:
+            low.compile_s += time.perf_counter() - t0
+            if fn is not None:
+                seg.graphs[self.key] = fn
+                _touch(self.marker)
+            seg.pending_key = None
+            low.pending -= 1
+            low.cond.notify_all()
+        if reason is not None:
+            seg._refuse(reason)
+
+
+def _cache_dir():
+    """Inductor's on-disk cache directory (where its FX graph cache lives)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        return cache_dir()
+    except Exception:  # noqa: BLE001 - another torch: its documented default
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + _user())
+
+
+def _user():
+    try:
+        import getpass
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _describe(value):
+    """A description of a generated module's constant that is the same in every process."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype), str(value.device))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_describe(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _describe(v)) for k, v in value.items()))
+    name = getattr(value, "__qualname__", None)
+    if name is not None:
+        return f"{getattr(value, '__module__', '')}.{name}"
+    text = str(value)
+    return type(value).__name__ if " at 0x" in text else text
+
+
+def _marker(seg, key):
+    """The path of the segment's warm-cache marker for signature ``key``, or None."""
+    try:
+        lowered = seg.seg.lowered
+        source = re.sub(r"segment_\d+", "segment", lowered.source)
+        consts = sorted((k, _describe(v)) for k, v in seg.ns.items()
+                        if k.startswith("_") and not k.startswith("__"))
+        text = repr((source, consts, key, len(seg.draws), torch.__version__,
+                     os.environ.get("SSAEXEC_INDUCTOR_CPP_WRAPPER", "1")))
+    except Exception:  # noqa: BLE001 - no marker: the compile is simply not expected warm
+        return None
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return os.path.join(_cache_dir(), "ssaexec_tiered", digest)
+
+
+def _touch(path):
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w"):
+            pass
+    except OSError:  # a cache we cannot write: the next run compiles in the background
+        pass
+
+
+class TieredRunner(Runner):
+    """A ``Runner`` with ``TieredLowering``: each step is timed for the switch's line."""
+
+    def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
+                 run_places=None, notes=None):
+        super().__init__(graph, scopes, collective, scheduler, TieredLowering(notes),
+                         contexts, sync, run_places)
+
+    def run(self, sync=None):
+        t0 = time.perf_counter()
+        fetched = super().run(sync)
+        self.lowering.end_step(time.perf_counter() - t0)
+        return fetched
