@@ -2,9 +2,9 @@
 
 Under ``BuildStrategy(zero_stage=1|2|3)`` a sharded parameter ``p`` of numel ``n`` and its
 elementwise optimizer state live as 1-D shards of ``S = ceil(n / W)`` elements on the ``W``
-global ranks (``program.shard``: rank ``g`` holds ``flat(p)[g*S:(g+1)*S]``,
-zero-padded past ``n``; ``docs/distributed.md``, "Sharded checkpoints"). A sharded checkpoint keeps exactly that: rank ``g`` writes its
-shards, and nobody gathers the model to save it.
+global ranks (``program.shard``: rank ``g`` holds ``flat(p)[g*S:(g+1)*S]``, zero-padded
+past ``n``). A sharded checkpoint keeps exactly that: rank ``g`` writes its shards, and
+nobody gathers the model to save it (``docs/distributed.md``, "Sharded checkpoints").
 
 Files of a checkpoint ``DIR/NAME.safetensors`` saved by ``W`` ranks:
 
@@ -46,12 +46,11 @@ The arithmetic is the layout's own (``program.shard.ShardLayout``), decided once
 import json
 import math
 import os
-import re
 
 from ..core.errors import SSAExecError
 from ..program.shard import ShardLayout
 
-__all__ = ["shard_path", "SHARD_NAME", "ENTRY_FORMAT", "SHARD_FORMAT", "MAX_WORLD",
+__all__ = ["shard_path", "ENTRY_FORMAT", "SHARD_FORMAT", "MAX_WORLD",
            "parse_index", "parse_persistables", "check_shard", "shard_meta", "check_shard_meta",
            "join"]
 
@@ -59,7 +58,6 @@ ENTRY_FORMAT = "ssaexec-sharded-checkpoint/1"
 SHARD_FORMAT = "ssaexec-checkpoint-shard/1"
 MAX_WORLD = 1 << 16  # a world size no index may exceed (bounds the files a reader opens)
 MAX_INDEX = 1 << 26  # bytes of JSON an index may have (64 MiB: millions of vars)
-SHARD_NAME = re.compile(r"^(.*)\.shard-(\d{5})-of-(\d{5})(\.[^./]*)?$")
 
 
 # --- the files -------------------------------------------------------------------------------

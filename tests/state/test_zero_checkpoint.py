@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ssaexec as se
-from ssaexec.core.errors import ProgramError, SSAExecError
+from ssaexec.core.errors import SSAExecError
 from ssaexec.program.example_models import build_mlp
 from ssaexec.program.shard import ShardLayout
 from ssaexec.state import sharded
