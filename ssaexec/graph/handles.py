@@ -103,6 +103,10 @@ class OpHandle:
     # orders readers of that storage first); a computation's op def says it per op
     in_place = False
     on_one_place = False    # True: the handle has ``place`` and ``place_idx``
+    # True: the scheduler queues it before the computation made ready with it
+    # (``runtime.scheduler.comm_first``): collectives, so communication overlaps compute,
+    # and ZeRO's frees, so memory comes back as soon as it may
+    urgent = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -190,6 +194,7 @@ class CollectiveOpHandle(OpHandle):
     __slots__ = ("var_names", "seq")
     stream = "comm"
     is_collective = True
+    urgent = True
     in_place = True         # the backend sums/copies into the tensors it is given
     traffic_formula = None  # bytes each of n places sends, as a formula of the payload
 
@@ -496,6 +501,7 @@ class FreeOpHandle(_OnePlace):
     __slots__ = ("var_names", "place", "place_idx")
     kind = "free"
     color = "#e5e7eb"
+    urgent = True
 
     def __init__(self, var_names, place, place_idx):
         super().__init__()

@@ -417,6 +417,10 @@ def shard_collectives(bg):
       Prefetch: the gather of group k waits for the first readers of group
       k-1-``zero_prefetch`` (a ``prefetch`` dummy edge), so at most
       ``zero_prefetch``+1 groups are gathered ahead of the compute reading them.
+    * Stages 2 and 3, back-pressure: the producer of the k-th sharded gradient waits
+      for the reduce-scatter of the (k-1-``zero_prefetch``)-th (a ``zero_backpressure``
+      dummy edge), so backward never holds more than ``zero_prefetch``+1 full
+      gradients that wait for their reduce-scatter.
     """
     layout = bg.shard_layout
     if layout is None or not len(layout):
@@ -434,19 +438,34 @@ def shard_collectives(bg):
                      (("write", (pi,), tuple(names)),), op_index=idx, place_idx=pi)
                 for pi in everyone]
 
+    producers = {}
+    for it in bg.items:
+        if isinstance(it, Node) and it.cls is ComputationOpHandle:
+            producers.setdefault(it.op_index, []).append(it)
+    scatters = []  # per gradient-producing op so far, in program order: its last scatter
     for i, op in enumerate(ops):
         if op.role == "backward":
+            made = None
             for p, grad in op.role_var:
                 sp = bg.sharded.get(p)
                 if sp is None or sp.grad is None:
                     continue
                 shard = grad + "@SHARD"
                 io = (("read", everyone, (grad,)), ("write", everyone, (shard,)))
-                after.setdefault(i, []).append(
-                    Node(ReduceScatterOpHandle, ([grad], [shard], bg.wire), io, op_index=i))
+                j = len(scatters) - 1 - strategy.zero_prefetch
+                if made is None and stage >= 2 and j >= 0:
+                    # back-pressure: at most zero_prefetch+1 ops' full gradients wait for
+                    # their reduce-scatter (and free) while backward goes on
+                    after.setdefault(i, []).extend(
+                        Edge(scatters[j], n, "zero_backpressure") for n in producers[i])
+                made = Node(ReduceScatterOpHandle, ([grad], [shard], bg.wire), io,
+                            op_index=i)
+                after.setdefault(i, []).append(made)
                 var = block.find_var(grad)
                 if stage >= 2 and not (var is not None and var.persistable):
                     after[i].extend(free_nodes([grad], i))
+            if made is not None:
+                scatters.append(made)
         if stage < 3 and op.role == "optimize" and op.role_var and \
                 op.role_var[0][0] in bg.sharded:
             sp = bg.sharded[op.role_var[0][0]]

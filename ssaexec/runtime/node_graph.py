@@ -135,7 +135,8 @@ class HandleNode(_Node):
 
     @property
     def is_comm(self):
-        return self.handle.is_collective
+        # queued first (``scheduler.comm_first``): collectives and ZeRO's frees
+        return self.handle.urgent
 
     @property
     def name(self):

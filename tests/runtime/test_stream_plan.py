@@ -34,6 +34,7 @@ STRATEGIES = {
     "reduce": {"reduce_strategy": "reduce"},
     "zero_stage1": {"zero_stage": 1},
     "zero_stage2": {"zero_stage": 2},
+    "zero_stage3": {"zero_stage": 3},
     "fused": {"fuse_all_reduce_ops": True, "fuse_bucket_mb": 0.0001},
     "bf16_wire": {"allreduce_dtype": "bf16"},
     "async_2_trainers": {"num_trainers": 2, "async_allreduce": True},
@@ -162,13 +163,14 @@ def test_sparse_gradient_plans(n):
         check_compiled_covers_readable(compiled, readable, devices)
 
 
-@pytest.mark.parametrize("strategy", ["reduce", "zero_stage1", "zero_stage2"])
+@pytest.mark.parametrize("strategy", ["reduce", "zero_stage1", "zero_stage3"])
 def test_compiled_broadcast_enters_every_comm_stream(strategy):
-    """Issue 30 item 3: the owner's broadcast writes every place's parameter."""
+    """Issue 30 item 3: the owner's broadcast writes every place's parameter (and so
+    does ZeRO's all-gather, issue 49)."""
     readable, compiled = _runners(3, STRATEGIES[strategy])
     plan = compiled.stream_plan()
     broadcasts = [n for n in compiled.nodes if not isinstance(n, Segment)
-                  and n.kind == "broadcast"]
+                  and n.kind in ("broadcast", "all_gather")]
     assert broadcasts
     for node in broadcasts:
         assert plan.enters[node.id] == ((0, "comm"), (1, "comm"), (2, "comm")), node.name
