@@ -173,13 +173,14 @@ def build_strategy(args, **more):
                          gradient_scale_strategy=args.gradient_scale, **more)
 
 
-def graph_of(args, compiler=None):
+def graph_of(args, compiler=None, **more):
     """The linted SSA graph of ``args.program`` as the graph options shape it, built as
     a runner under ``ExecutionStrategy(compiler=compiler)`` builds it (the compiler can
-    change the bucketing default: ``BuildStrategy.for_compiler``)."""
+    change the bucketing default: ``BuildStrategy.for_compiler``); ``more``: further
+    ``BuildStrategy`` settings of the command (``stats --zero``)."""
     program = load_program_file(args.program)
     graph = build_ssa_graph(program, places_from(args.places, need_devices=False),
-                            build_strategy(args).for_compiler(compiler),
+                            build_strategy(args, **more).for_compiler(compiler),
                             fetch_list(args, program))
     graph.lint()
     return graph

@@ -67,7 +67,12 @@ def cmd_stats(args):
     from ..runtime.compiled import compile_summary
     from ..runtime.cuda_graph import capture_problem
     from ..runtime.nccl import choose_local_collective
-    graph = graph_of(args)
+    zero = {}
+    if args.zero:  # the graph of the stage: its gathers, reduce-scatters and frees
+        zero = dict(zero_stage=args.zero, zero_prefetch=max(0, args.zero_prefetch),
+                    reshard_after_forward=args.reshard,
+                    zero_gather_dtype=args.zero_gather_dtype, num_trainers=args.processes)
+    graph = graph_of(args, **zero)
     stats = graph_stats(graph)
     problem = capture_problem(graph)
     stats["cuda_graph"] = {"capturable": problem is None, "why_not": None if problem is None
@@ -84,9 +89,11 @@ def cmd_stats(args):
         from ..sim.memory import predict_memory
         if args.zero_prefetch < 0:
             raise UsageError(f"--zero-prefetch {args.zero_prefetch}: must be >= 0")
+        from .common import load_program_file
         world = len(graph.places) * args.processes
-        try:
-            memory = predict_memory(graph.program, world, args.zero, batch=args.batch,
+        try:  # of the plain program, in the run order of the stage's graph
+            memory = predict_memory(load_program_file(args.program), world, args.zero,
+                                    batch=args.batch,
                                     prefetch=args.zero_prefetch,
                                     reshard_after_forward=args.reshard,
                                     gather_dtype=args.zero_gather_dtype, graph=graph)
@@ -115,6 +122,7 @@ def cmd_stats(args):
                 sys.stdout.write(f"  uncompiled    {u['segment']}: {u['why']}\n")
         if memory is not None:
             from ..sim.memory import format_memory
+            procs = f"{args.processes} process" + ("es" if args.processes > 1 else "")
             sys.stdout.write(format_memory(
-                memory, f" = {len(graph.places)} places x {args.processes} processes"))
+                memory, f" = {len(graph.places)} places x {procs}"))
     return EXIT_OK
