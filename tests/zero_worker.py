@@ -19,6 +19,12 @@ Scenarios:
   it), the losses and the ZeRO collectives each phase's graph holds. Last, a step that
   fails on rank 1 (an out-of-range label) under stage 3: each place's state before and
   after it.
+* ``resume``: stage 3, AdamW with a step LR schedule, float64: ``RESUME_STEPS`` steps
+  of an ``EpochSampler``'s global batches with ``se.Checkpoints`` (every 2 steps) in
+  ``$ZERO_CKPT`` under ``se.elastic.guard``, on ``$ZERO_PLACES`` places a process
+  (distributed when the world has several processes); it first resumes from the newest
+  checkpoint there. The record: the step it started from and the final gathered state.
+  ``SSAEXEC_FAULT=kill@step:N:R`` kills rank R at step N's first collective.
 """
 
 import os
@@ -37,22 +43,24 @@ WORKER = os.path.abspath(__file__)
 
 # --- the launcher the tests use -----------------------------------------------------------
 
-def _env(**extra):
+def _env(cuda=False, **extra):
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "SSAEXEC_DISTRIBUTED_DEBUG", "SSAEXEC_FAULT"):
         env.pop(k, None)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
-    env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, GPUs or not
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU, GPUs or not
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
 class Workers:
-    """``world`` processes of ``scenario`` (killed, if still alive, on exit)."""
+    """``world`` processes of ``scenario`` (killed, if still alive, on exit); ``cuda``
+    leaves them the GPUs (else they see none)."""
 
-    def __init__(self, scenario, out_dir, world=2, **env):
+    def __init__(self, scenario, out_dir, world=2, cuda=False, **env):
         from tests.ports import free_port
         self.port = free_port()
         self.out_dir = str(out_dir)
@@ -64,7 +72,7 @@ class Workers:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, WORKER, scenario, self.out_dir], cwd=REPO,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    env=_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r, LOCAL_WORLD_SIZE=world,
+                    env=_env(cuda, RANK=r, WORLD_SIZE=world, LOCAL_RANK=r, LOCAL_WORLD_SIZE=world,
                              MASTER_ADDR="127.0.0.1", MASTER_PORT=self.port, **env)))
 
     def log(self, r):
@@ -133,16 +141,19 @@ def _collectives(se, rank, record):
     from ssaexec.dist.group_collective import ProcessGroupCollective
     from ssaexec.graph.handles import AllGatherOpHandle
     coll = ProcessGroupCollective(timeout=TIMEOUT)
+    nccl = coll.backend == "nccl"
+    dev = torch.device(f"cuda:{se.distributed.local_rank()}" if nccl else "cpu")
     record["processes"], record["process_rank"] = coll.processes, coll.process_rank
     for places, dtype in COLLECTIVE_CASES:
         world = PROCESSES * places
         ranks = [rank * places + i for i in range(places)]
-        shards = [collective_input("shard", g, SHARD, dtype) for g in ranks]
-        fulls = [collective_input("full", g, world * SHARD, dtype) for g in ranks]
-        outs = [torch.full((world * SHARD,), float("nan"), dtype=shards[0].dtype)
+        shards = [collective_input("shard", g, SHARD, dtype).to(dev) for g in ranks]
+        fulls = [collective_input("full", g, world * SHARD, dtype).to(dev) for g in ranks]
+        outs = [torch.full((world * SHARD,), float("nan"), dtype=shards[0].dtype, device=dev)
                 for _ in range(places)]
         coll.all_gather([s.clone() for s in shards], outs, label="all_gather(case)")
-        got = [torch.full((SHARD,), float("nan"), dtype=shards[0].dtype) for _ in range(places)]
+        got = [torch.full((SHARD,), float("nan"), dtype=shards[0].dtype, device=dev)
+               for _ in range(places)]
         sent = [f.clone() for f in fulls]
         coll.reduce_scatter(sent, got, label="reduce_scatter(case)")
         untouched = all(torch.equal(a, b) for a, b in zip(sent, fulls, strict=True))
@@ -164,7 +175,7 @@ def _collectives(se, rank, record):
             "all_reduce": reduced[0], "async_gather": a_outs, "async_scatter": a_got,
             "bf16_gather": low}
     # the pre-2.13 names (compat's fallbacks) give what the running torch's own name gives
-    x = collective_input("shard", rank, SHARD, "float64")
+    x = collective_input("shard", rank, SHARD, "float64").to(dev)
     both = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor, deprecated
@@ -173,11 +184,12 @@ def _collectives(se, rank, record):
             outs = []
             for fn in (f.fallback, f.get()):
                 if name == "dist.all_gather_single":
-                    out = torch.zeros(PROCESSES * SHARD, dtype=x.dtype)
+                    out = torch.zeros(PROCESSES * SHARD, dtype=x.dtype, device=dev)
                     fn(out, x, group=None, async_op=True).wait()
                 else:
-                    out = torch.zeros(SHARD // 2 + 1, dtype=x.dtype)
-                    inp = collective_input("full", rank, PROCESSES * out.numel(), "float64")
+                    out = torch.zeros(SHARD // 2 + 1, dtype=x.dtype, device=dev)
+                    inp = collective_input("full", rank, PROCESSES * out.numel(),
+                                           "float64").to(dev)
                     fn(out, inp, group=None, async_op=True).wait()
                 outs.append(out)
             both[name] = (outs[0], outs[1], f.native)
@@ -188,6 +200,9 @@ def _collectives(se, rank, record):
         label="all_gather(bad)"))
     record["bad_out"] = _expect(se.SSAExecError, lambda: coll.reduce_scatter(
         [torch.zeros(7)], [torch.zeros(3)], label="reduce_scatter(bad)"))
+    if nccl:  # a peer that never joins: NCCL's watchdog ends the process (docs)
+        record["after"] = float(se.distributed.average(float(rank)))  # the group works
+        return
     # a peer that never joins: the collective's DistributedError names rank and collective
     side = ProcessGroupCollective(dist.new_group(timeout=datetime.timedelta(seconds=1)),
                                   timeout=1)
@@ -196,7 +211,7 @@ def _collectives(se, rank, record):
         record["hang"] = _expect(se.DistributedError, lambda: side.reduce_scatter(
             [torch.ones(2 * SHARD)], [torch.zeros(SHARD)], label="reduce_scatter(w@GRAD)"))
         record["hang"]["seconds"] = time.perf_counter() - t0
-    # the default group is still usable
+    # the default group is still usable (and rank 1 waits here, alive, for rank 0)
     record["after"] = float(se.distributed.average(float(rank)))
 
 
@@ -254,9 +269,8 @@ TRAIN_RUNS = {
     "switches-2x2/3-keep": _run(2, "adamw", "float64", 3, reshard_after_forward=False),
     "switches-2x2/3-noprefetch": _run(2, "adamw", "float64", 3, zero_prefetch=0),
     "switches-2x2/3-bf16": _run(2, "adamw", "float64", 3, zero_gather_dtype="bf16"),
-    # compiler="inductor" (its own launch: compiling is slow)
-    **_stages("inductor-2x1", stages=(0, 3), places=1, opt="adamw", dtype="float64",
-              compiler="inductor"),
+    # compiler="inductor" (its own launch: compiling is slow); its pair is adamw-2x1/0
+    "inductor-2x1/3": _run(1, "adamw", "float64", 3, compiler="inductor"),
 }
 
 # the collectives each phase's graph holds (counted by kind)
@@ -387,20 +401,69 @@ def _train(se, rank, record):
         _failed_step(se, rank, record)
 
 
+# --- scenario "resume" ------------------------------------------------------------------------
+
+RESUME_STEPS = 6
+RESUME_BATCH = 8  # global: 2 ranks x 4 samples
+RESUME_SAMPLES = 40  # 5 steps an epoch: the run crosses into a second epoch
+
+
+def resume_data():
+    g = torch.Generator().manual_seed(3)
+    return {"img": torch.randn(RESUME_SAMPLES, IN_DIM, dtype=torch.float64, generator=g),
+            "label": torch.randint(0, 10, (RESUME_SAMPLES, 1), generator=g)}
+
+
+def _resume(se, record):
+    places = int(os.environ.get("ZERO_PLACES", "1"))
+    main, startup, loss = train_model("adamw", "float64", schedule=True)
+    data = resume_data()
+    sampler = se.EpochSampler(RESUME_SAMPLES, RESUME_BATCH, seed=0)
+    ckpts = se.Checkpoints(os.environ["ZERO_CKPT"], every=2, keep=3)
+    if se.distributed.world_size() > 1:
+        places = se.distributed.local_places(places)
+        strategy = se.distributed.build_strategy(zero_stage=3)
+    else:
+        places, strategy = se.cpu_places(places), se.BuildStrategy(zero_stage=3)
+    with se.ParallelExecutor(places, main, startup, loss, strategy, scope=se.Scope()) as pe, \
+            se.elastic.guard(ckpts) as run:
+        record["start"] = start = ckpts.resume(pe, sampler)
+        for step in range(start, RESUME_STEPS):
+            run.step = step + 1
+            idx = sampler.next_indices()
+            pe.run([loss], feed={k: v[idx] for k, v in data.items()})
+            ckpts.maybe_save(pe, step + 1, sampler)
+        record["state"] = {k: v.clone() for k, v in pe.gathered_state().items()}
+        record["runs"] = pe.runs
+        record["layout_world"] = pe.shard_layout().world
+
+
 def main(scenario, out_dir):
     from ssaexec.harness.worker import die_with_parent
     die_with_parent()  # never outlive the test that started this process
     import ssaexec as se
-    info = se.distributed.init(backend="gloo", timeout=TIMEOUT)
+    info = se.distributed.init(backend=os.environ.get("ZERO_BACKEND", "gloo"), timeout=TIMEOUT)
     rank = info.rank
     record = {"rank": rank, "world_size": info.world_size}
     if scenario == "collectives":
         _collectives(se, rank, record)
     elif scenario == "train":
         _train(se, rank, record)
+    elif scenario == "resume":
+        _resume(se, record)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
-    torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(_to_cpu(record), os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
 
 
 if __name__ == "__main__":

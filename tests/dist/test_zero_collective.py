@@ -95,3 +95,64 @@ def test_a_peer_that_never_joins_is_a_distributed_error_naming_rank_and_collecti
     assert res["message"].startswith("rank 0 of 2 (gloo): reduce_scatter(w@GRAD) failed ("), res
     assert "A peer process probably died, raised or timed out" in res["message"]
     assert 0.5 < res["seconds"] < Z.TIMEOUT  # the side group's 1 s, not the 30 s one
+
+
+# --- NCCL (marked cuda: skipped on a machine without a GPU) ----------------------------------
+
+def _needs_gpus(n):
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs (NCCL takes one per process), this machine has "
+                    f"{torch.cuda.device_count()}")
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    import ssaexec.dist.world as dist
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    yield dist
+    dist.shutdown()
+
+
+@pytest.mark.cuda
+def test_nccl_world_of_one_gathers_and_scatters_two_places_on_one_gpu(world_of_one):
+    from ssaexec.dist.group_collective import ProcessGroupCollective
+    _needs_gpus(1)
+    info = world_of_one.init(backend="nccl", timeout=60)
+    coll = ProcessGroupCollective(timeout=info.timeout)
+    S, dev = Z.SHARD, torch.device("cuda:0")
+    shards = [Z.collective_input("shard", g, S, "float64").to(dev) for g in range(2)]
+    fulls = [Z.collective_input("full", g, 2 * S, "float64").to(dev) for g in range(2)]
+    outs = [torch.full((2 * S,), float("nan"), dtype=torch.float64, device=dev)
+            for _ in range(2)]
+    coll.all_gather(shards, outs, label="all_gather(w)")
+    got = [torch.zeros(S, dtype=torch.float64, device=dev) for _ in range(2)]
+    coll.reduce_scatter(fulls, got, label="reduce_scatter(w@GRAD)")
+    torch.cuda.synchronize()
+    total = (fulls[0] + fulls[1]).cpu()
+    for i in range(2):
+        assert torch.equal(outs[i].cpu(), torch.cat(shards).cpu())
+        assert torch.equal(got[i].cpu(), total[i * S:(i + 1) * S])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("places, dtype", Z.COLLECTIVE_CASES)
+def test_two_nccl_processes_gather_and_scatter_as_defined(tmp_path, places, dtype):
+    _needs_gpus(Z.PROCESSES)
+    with Z.Workers("collectives", tmp_path, world=Z.PROCESSES, cuda=True,
+                   ZERO_BACKEND="nccl") as w:
+        records = w.records(180)
+    gathered, scattered, total = _expected(places, dtype)
+    for rec in records:
+        got = rec[(places, dtype)]
+        for i in range(places):
+            g = rec["rank"] * places + i
+            assert torch.equal(got["gather"][i], gathered)
+            assert torch.equal(got["async_gather"][i], gathered)
+            # NCCL sums in its own order: equal to float rounding
+            assert torch.allclose(got["scatter"][i], scattered[g], rtol=1e-6, atol=1e-6)
+        assert got["inputs_untouched"]
+        for name, (old, new, _) in rec["compat"].items():
+            assert torch.equal(old, new), name
