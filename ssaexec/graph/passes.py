@@ -540,7 +540,10 @@ def fuse_buckets(bg):
     program, n, wire = bg.program, len(bg.places), bg.wire
     ops = program.global_block().ops
     bucketer = GradBucketer(bg.strategy.fuse_bucket_mb * (1 << 20))
-    groups = dict(_by_op(bg.items))  # op index -> its nodes (ops with none too: below)
+    # op index -> its nodes (ops with none too: below); dummy edges (ZeRO's back-pressure)
+    # go after every node, where they still join the same handles
+    edges = [it for it in bg.items if isinstance(it, Edge)]
+    groups = dict(_by_op([it for it in bg.items if not isinstance(it, Edge)]))
     out = []
     for idx in range(len(ops)):
         if bucketer.holds(sum(op_reads_writes(program, ops[idx]), [])):
@@ -558,7 +561,7 @@ def fuse_buckets(bg):
         out.append(_all_reduce(bucketer.take(), n, wire, len(ops)))
     if groups:
         raise GraphError(f"fuse_buckets runs before nodes of no program op: {list(groups)}")
-    return bg.replace(items=tuple(out))
+    return bg.replace(items=tuple(out + edges))
 
 
 def async_wait(bg):
