@@ -135,3 +135,18 @@ def test_llama_8b_on_8_h100s_against_torchtitan():
     assert m.parts["parameters"] + m.parts["optimizer_state"] == pytest.approx(
         12 * parameter_count(**LLAMA3_8B) / 8, rel=0.001)
     assert m.peak_bytes < rows["llama3-8b-fsdp-8"]["memory_gib"] * 2**30
+
+
+def test_simulate_zero_3_reports_the_memory_stats_reports(capsys):
+    import json
+
+    from ssaexec.cli import main as cli_main
+    from ssaexec.sim.memory import predict_memory
+    path = str(EXAMPLES / "mnist_mlp.json")
+    assert cli_main(["simulate", path, "--gpus", "8", "--zero", "3", "--zero-gather-dtype",
+                     "bf16", "--layout", "process-per-gpu", "--cuda-graph", "off",
+                     "--no-plot", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    memory = doc["memory"]["8"]
+    expect = predict_memory(se.load_program(path), 8, 3, batch=32, gather_dtype="bf16")
+    assert memory["bytes"] == expect.parts and memory["world"] == 8
