@@ -33,7 +33,9 @@ The rewrite, on a copy (the caller's program is never changed):
   it after: ``graph.passes.shard_collectives``).
 
 The collectives themselves are the graph's (``graph.handles``: ``AllGatherOpHandle``,
-``ReduceScatterOpHandle``, ``FreeOpHandle``). Invariant: the layout is a function of
+``ReduceScatterOpHandle``, ``FreeOpHandle``): the run program is the graph builder's
+input, not a program to run alone (no op writes its gradient shards, nor stage 3's
+parameters, so it does not ``validate()`` by itself). Invariant: the layout is a function of
 the run program and ``W`` (``layout_of``), so a sharded program that was saved and
 loaded, or sharded twice, has the same layout; ``shard_program`` of a run program
 returns it unchanged.
