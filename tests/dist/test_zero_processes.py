@@ -206,8 +206,11 @@ def test_stage_3_killed_mid_run_resumes_bit_for_bit_on_2_processes_and_on_1x2(tm
             raise AssertionError(w.logs_text()) from None
         assert codes == [1, -signal.SIGKILL], w.logs_text()
         assert "stopped at step 5" in w.log(0), w.logs_text()
-    assert sorted(p.name for p in ckpt.glob("step-*.safetensors")) == [
-        "step-00000002.safetensors", "step-00000004.safetensors"]
+    names = sorted(p.name for p in ckpt.iterdir())
+    # rank 0's files (the index) of steps 2 and 4, each with rank 1's shard file
+    assert [n for n in names if ".shard-" not in n] == [
+        "step-00000002.safetensors", "step-00000004.safetensors"], names
+    assert len([n for n in names if ".shard-00001-of-00002" in n]) == 2, names
     copy = tmp_path / "copy-ck"
     shutil.copytree(ckpt, copy)
     for name, world, places, folder in (("again", 2, 1, ckpt), ("one", 1, 2, copy)):
