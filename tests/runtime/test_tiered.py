@@ -1,0 +1,166 @@
+"""Tiered compilation (issue 50, ``ExecutionStrategy(compiler="auto")``, ``runtime.tiered``):
+steps run at once on the straight-line code, exact against ``compiler=None``; segments
+compile in the background and the runner switches at a step boundary, every segment at
+once; a segment that cannot compile stays straight-line and says why; a new shape starts a
+new background compile, never a wait; a second process with a warm cache switches at its
+third step. Steps are counted, never timed: ``TieredLowering.wait`` waits for the
+background compiles, so the switch step is known."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import ssaexec as se
+from ssaexec.core.errors import SSAExecError
+from ssaexec.runtime.tiered import straight_reason
+
+
+def _mlp(dtype="float64"):
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        x = se.layers.data("x", shape=[-1, 6], dtype=dtype)
+        y = se.layers.data("y", shape=[-1, 1], dtype=dtype)
+        h = se.layers.fc(x, size=8, act="relu")
+        loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, size=1), y))
+        se.optimizer.Adam(0.01).minimize(loss)  # Adam's update is compiled (SGD's is not)
+    return main, startup, loss
+
+
+def _feeds(n, rows=8, expand=False):
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        x = torch.randn(rows, 6, dtype=torch.float64, generator=gen)
+        if expand:  # a feed that overlaps itself: its segment cannot be compiled
+            x = x[:1].expand(rows, 6)
+        out.append({"x": x, "y": torch.randn(rows, 1, dtype=torch.float64, generator=gen)})
+    return out
+
+
+def _train(compiler, feeds, wait_after=(), prog=None):
+    """Run ``feeds``; after each step index in ``wait_after``, wait for the background
+    compiles. Return the losses, the parameters and the runner's lowering."""
+    main, startup, loss = prog or _mlp()
+    scope = se.Scope()
+    torch.manual_seed(1)
+    se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+    with se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
+                             exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
+        losses = []
+        for i, feed in enumerate(feeds):
+            losses.append(pe.run([loss], feed=feed)[0])
+            if i in wait_after:
+                assert pe._runner((loss.name,)).lowering.wait(timeout=300)
+        lowering = pe._runner((loss.name,)).lowering
+    params = {p.name: scope.find_var(p.name).clone() for p in main.all_parameters()}
+    return losses, params, lowering
+
+
+def test_steps_run_straight_then_switch_at_a_step_boundary(capfd):
+    feeds = _feeds(5)
+    ref_losses, ref_params, _ = _train(None, feeds)
+    # step 1 records, step 2 submits the compiles; once they are done, step 3 switches
+    losses, params, low = _train("auto", feeds, wait_after=(1,))
+    assert low.ran == {"straight": 2, "compiled": 3}
+    assert [steps for steps, _ in low.switches] == [2]
+    assert low.fallbacks == [] and low.compiles == 2  # forward+backward, Adam's update
+    # the straight-line steps are compiler=None's, bit for bit; the compiled ones agree to
+    # float64 rounding (fused kernels round the last bits their own way)
+    assert all(torch.equal(a, b) for a, b in zip(losses[:2], ref_losses[:2]))
+    assert all(float((a - b).abs().max()) < 1e-12 for a, b in zip(losses, ref_losses))
+    assert all(float((params[n] - ref_params[n]).abs().max()) < 1e-12 for n in params)
+    err = capfd.readouterr().err
+    # one line at the switch: the steps before it, the compile time, step times
+    assert err.count("ssaexec: switched to compiled segments after 2 steps on the "
+                     "straight-line path (2 segments compiled by Inductor in ") == 1
+    assert " ms a step before, " in err and "compiling" not in err
+
+
+def test_a_segment_that_cannot_compile_stays_straight_line_and_says_why(capfd):
+    feeds = _feeds(5, expand=True)
+    ref_losses, _, _ = _train(None, feeds)
+    losses, _, low = _train("auto", feeds, wait_after=(1,))
+    # the forward+backward segment reads the expanded feed: straight-line code for good;
+    # the update is compiled, and the runner switches with it
+    assert [why for _, why in low.fallbacks] == [
+        "its input 'x' overlaps itself in memory (an expanded tensor)"]
+    assert low.ran == {"straight": 2, "compiled": 3} and low.compiles == 1
+    assert all(float((a - b).abs().max()) < 1e-12 for a, b in zip(losses, ref_losses))
+    err = capfd.readouterr().err
+    assert err.count("runs uncompiled: its input 'x' overlaps itself") == 1
+    assert err.count("1 kept uncompiled") == 1
+
+
+def test_a_new_shape_runs_straight_line_while_it_compiles_then_switches_again():
+    # 8 rows: record, submit, (wait) switch; 4 rows: a miss, straight while compiling;
+    # (wait) the runner switches again at the next step
+    feeds = _feeds(4) + _feeds(3, rows=4)
+    ref_losses, _, _ = _train(None, feeds)
+    losses, _, low = _train("auto", feeds, wait_after=(1, 4))
+    assert low.ran == {"straight": 3, "compiled": 4}
+    assert [steps for steps, _ in low.switches] == [2, 5]
+    assert low.compiles == 3  # forward+backward at 8 and 4 rows, the update once
+    assert all(float((a - b).abs().max()) < 1e-12 for a, b in zip(losses, ref_losses))
+
+
+def test_where_auto_runs_no_tiers_and_the_default_switch():
+    places = se.cpu_places(1)
+    run = se.ExecutionStrategy(compiler="auto")
+    assert straight_reason(places, se.BuildStrategy(), run) is None
+    assert "multi-process" in straight_reason(places, se.BuildStrategy(num_trainers=2), run)
+    assert "CUDA graph" in straight_reason(places, se.BuildStrategy(),
+                                          se.ExecutionStrategy(compiler="auto",
+                                                               cuda_graph=True))
+    with pytest.raises(SSAExecError, match="compiler must be one of"):
+        se.ExecutionStrategy(compiler="tiered")
+    # the environment replaces the default, and None; "none" says None
+    old = os.environ.get("SSAEXEC_COMPILER")
+    try:
+        os.environ["SSAEXEC_COMPILER"] = "auto"
+        assert se.ExecutionStrategy().compiler == "auto"
+        os.environ["SSAEXEC_COMPILER"] = "none"
+        assert se.ExecutionStrategy().compiler is None
+        assert se.ExecutionStrategy(compiler="inductor").compiler == "inductor"
+    finally:
+        if old is None:
+            os.environ.pop("SSAEXEC_COMPILER", None)
+        else:
+            os.environ["SSAEXEC_COMPILER"] = old
+
+
+_SECOND_RUN = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    from runtime.test_tiered import _feeds, _mlp
+    import ssaexec as se
+    main, startup, loss = _mlp()
+    scope = se.Scope()
+    se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+    with se.ParallelExecutor(se.cpu_places(1), main, startup, loss.name, scope=scope,
+            exec_strategy=se.ExecutionStrategy(compiler="auto")) as pe:
+        for i, feed in enumerate(_feeds(4)):
+            pe.run([loss], feed=feed)
+            if i == 1 and sys.argv[1] == "wait":  # the first run: compile it all
+                pe._runner((loss.name,)).lowering.wait(timeout=300)
+        low = pe._runner((loss.name,)).lowering
+        print("switches", [s for s, _ in low.switches], "ran", low.ran)
+""")
+
+
+@pytest.mark.slow
+def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    script = _SECOND_RUN.format(tests=os.path.dirname(os.path.dirname(__file__)))
+
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", script, mode], env=env, text=True,
+                             capture_output=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    assert "switches [2]" in run("wait")
+    # no wait here: the graphs are expected in the cache, so step 3's boundary loads them
+    assert "switches [2] ran {'straight': 2, 'compiled': 2}" in run("go")
