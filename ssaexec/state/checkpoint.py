@@ -273,6 +273,7 @@ def save_checkpoint(path, target, program=None, state=None, meta=None, sharded=N
     header["data_digest"] = _digest(tensors)
     if t.zero is None or t.zero.process_rank == 0:
         _write(st, tensors, path, header, t.runs)
+        shards.stale_shards(path)  # of a sharded checkpoint this file replaced
     return header
 
 
@@ -310,37 +311,62 @@ def _save_sharded(st, path, t, state, meta):
             tensors[name] = _cpu(value)
             shapes[name], sizes[name], dtypes[name] = shape, [numel, size], _dtype(value)
         files[rank] = tensors
+    save = zero.exchange(shards.new_save_id(), "choice of the checkpoint's save id")[0]
+    try:
+        digests, entry, header = _write_shards(st, path, t, files, shapes, state, meta, save)
+        failure = None
+    except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
+        digests, entry, header, failure = {}, None, None, e
+    parts = zero.exchange({"digests": digests, "failed": None if failure is None else
+                           f"{type(failure).__name__}: {failure}"},
+                          "exchange of the checkpoint shards' digests")
+    if failure is not None:
+        raise failure
+    failed = [(k, p["failed"]) for k, p in enumerate(parts) if p["failed"]]
+    if failed:  # no entry: the files written are orphans, removed by the next resume
+        k, why = failed[0]
+        raise SSAExecError(f"{path}: not saved: process {k} could not write its shard files "
+                           f"({why})")
+    if entry is None:
+        return None
+    everyone = {}
+    for part in parts:
+        everyone.update(part["digests"])  # every rank's file is written once this returns
+    header["shards"] = json.dumps({"world": zero.world, "save": save, "vars": sizes,
+                                   "files": [everyone[r] for r in range(zero.world)]},
+                                  sort_keys=True)
+    _write(st, entry, path, header, t.runs)
+    shards.stale_shards(path, keep=save)  # the replaced checkpoint's, now no checkpoint's
+    return header
+
+
+def _write_shards(st, path, t, files, shapes, state, meta, save):
+    """Write this process's shard files but rank 0's; ({rank: digest}, rank 0's tensors
+    and header, or None and None on other processes)."""
+    zero = t.zero
     digests = {}
     for rank, tensors in files.items():
         if rank == 0:
             continue
         digests[rank] = _digest(tensors)
-        header = {"format": shards.SHARD_FORMAT, "shard": shards.shard_meta(rank, zero.world),
-                  "runs": str(t.runs), "data_digest": digests[rank]}
-        _write(st, tensors, shards.shard_path(path, rank, zero.world), header, t.runs)
+        header = {"format": shards.SHARD_FORMAT, "runs": str(t.runs),
+                  "shard": shards.shard_meta(rank, zero.world, save),
+                  "data_digest": digests[rank]}
+        _write(st, tensors, shards.shard_path(path, rank, zero.world, save), header, t.runs)
     entry = files.get(0)
-    if entry is not None:
-        for name in t.names:
-            if name not in zero.vars and (value := t.get(name)) is not None:
-                entry[name] = _cpu(value)
-            elif name not in zero.vars and name in t.params:
-                raise SSAExecError(f"parameter {name!r} has no value: nothing to save")
-        header = _header(entry, t.places, t.runs, meta, shapes)
-        header["format"] = shards.ENTRY_FORMAT
-        for name, value in (state or {}).items():
-            entry[STATE + name] = _cpu(value)
-        digests[0] = _digest(entry)
-    everyone = {}
-    for part in zero.exchange(digests, "exchange of the checkpoint shards' digests"):
-        everyone.update(part)  # every rank's file is written once this returns
     if entry is None:
-        return None
-    header["shards"] = json.dumps({"world": zero.world, "vars": sizes,
-                                   "files": [everyone[r] for r in range(zero.world)]},
-                                  sort_keys=True)
-    header["data_digest"] = digests[0]
-    _write(st, entry, path, header, t.runs)
-    return header
+        return digests, None, None
+    for name in t.names:
+        if name not in zero.vars and (value := t.get(name)) is not None:
+            entry[name] = _cpu(value)
+        elif name not in zero.vars and name in t.params:
+            raise SSAExecError(f"parameter {name!r} has no value: nothing to save")
+    header = _header(entry, t.places, t.runs, meta, shapes)
+    header["format"] = shards.ENTRY_FORMAT
+    for name, value in (state or {}).items():
+        entry[STATE + name] = _cpu(value)
+    digests[0] = header["data_digest"] = _digest(entry)
+    return digests, entry, header
 
 
 def save_parameters(path, target, program=None):
@@ -471,7 +497,7 @@ def _assemble(st, path, meta, tensors, follow_symlinks):
     """The full tensors of the sharded checkpoint whose entry ``path`` holds ``meta`` and
     rank 0's ``tensors``: every rank's file read and checked, each var joined."""
     decl = shards.parse_persistables(meta.get("persistables"), path)
-    world, sizes, files = shards.parse_index(meta.get("shards"), decl, path)
+    world, save, sizes, files = shards.parse_index(meta.get("shards"), decl, path)
     if meta.get("data_digest") != files[0]:
         raise SSAExecError(f"{path}: its data digest is not the one its index gives rank 0")
     dtypes = {n: decl[n][1] for n in sizes}
@@ -480,7 +506,7 @@ def _assemble(st, path, meta, tensors, follow_symlinks):
                        lambda n: n.startswith(STATE) or n in decl)
     parts = {n: [tensors.pop(n)] for n in sizes}
     for rank in range(1, world):
-        where = shards.shard_path(path, rank, world)
+        where = shards.shard_path(path, rank, world, save)
         try:
             fd = open_input(where, "checkpoint shard file", "a checkpoint shard file",
                             SSAExecError, follow_symlinks)
@@ -491,7 +517,7 @@ def _assemble(st, path, meta, tensors, follow_symlinks):
             shard_meta, got = _read(st, where, fd_path(fd, where), (shards.SHARD_FORMAT,))
         finally:
             os.close(fd)
-        shards.check_shard_meta(shard_meta, where, rank, world)
+        shards.check_shard_meta(shard_meta, where, rank, world, save)
         if shard_meta.get("data_digest") != files[rank]:
             raise SSAExecError(f"{where}: not the shard file {path} was saved with (its data "
                                "digest differs from the one the index gives rank "

@@ -43,8 +43,8 @@ Policy and invariants:
 * **ZeRO shards** (an executor with a ``shard_layout()``): each global rank writes its own
   shard file beside ``step-N.safetensors``, which is rank 0's and is written last
   (``checkpoint``, ``sharded``), so every rank calls ``save`` for its files too. Only
-  the entry file makes a checkpoint: shard files without one (a save that died) are
-  removed by ``resume``, and those of a deleted or rewritten checkpoint with it. A
+  the entry file makes a checkpoint: shard files of a step without one (a save that
+  died) are removed by ``resume``, and those of a checkpoint rotated out with it. A
   sharded checkpoint resumes on any world size and into a run without ZeRO, and a plain
   one into a ZeRO run (each var resharded when loaded).
 """
@@ -53,19 +53,19 @@ import copy
 import json
 import os
 import re
-import stat
 import sys
 
 import torch
 
 from ..dist import world as distributed
 from .checkpoint import STATE, load_checkpoint, read_checkpoint, save_checkpoint
+from .sharded import remove_regular as _remove, stale_shards
 from ..core.errors import DistributedError, SSAExecError
 
 __all__ = ["Checkpoints"]
 
 _NAME = re.compile(r"^step-(\d{8})\.safetensors$")
-_SHARD = re.compile(r"^step-(\d{8})\.shard-(\d{5})-of-(\d{5})\.safetensors$")
+_SHARD = re.compile(r"^step-(\d{8})\.shard-\d{5}-of-\d{5}-[0-9a-f]{16}\.safetensors$")
 _TEMP = re.compile(r"^\.ckpt-.*\.tmp$")
 META = "training"  # the header entry with the step, the data position and the world size
 
@@ -150,28 +150,18 @@ class Checkpoints:
             training = {"step": int(step), "world_size": world,
                         "sampler": sampler.state_dict() if sampler is not None else None}
             save_checkpoint(path, pe, state=state, meta={META: json.dumps(training)})
-        if distributed.rank() == 0:
-            # shard files of this step that the new checkpoint does not name (an older
-            # save of it by another world), then all but the newest ``keep``
-            self._remove_shards(step, keep_world=zero.world if zero is not None else 0)
+        if distributed.rank() == 0:  # all but the newest ``keep``
             for old in self.steps()[:-self.keep]:
                 if _remove(self.path(old)):  # the entry first: then it is no checkpoint
-                    self._remove_shards(old)
+                    stale_shards(self.path(old))
         self.last, self.last_step = path, int(step)
         return path
 
     def _shard_files(self):
-        """(step, world, name) of every entry named like a checkpoint's shard file."""
+        """(step, name) of every entry named like a checkpoint's shard file."""
         with os.scandir(self.directory) as entries:
-            return [(int(m.group(1)), int(m.group(3)), e.name)
+            return [(int(m.group(1)), e.name)
                     for e in entries for m in [_SHARD.match(e.name)] if m]
-
-    def _remove_shards(self, step, keep_world=None):
-        """Remove ``step``'s shard files (but those of a world of ``keep_world``);
-        regular files only, as ``_remove``."""
-        for s, world, name in self._shard_files():
-            if s == step and world != keep_world:
-                _remove(os.path.join(self.directory, name))
 
     # --- resuming -------------------------------------------------------------------------
     def resume(self, pe, sampler=None):
@@ -234,7 +224,7 @@ class Checkpoints:
                 self.log(f"ignoring {self.path(step)}: named like a checkpoint, but not a "
                          "regular file (left as it is)")
         complete = {step for step, regular in named if regular}
-        orphans = sorted((step, name) for step, _, name in self._shard_files()
+        orphans = sorted((step, name) for step, name in self._shard_files()
                          if step not in complete)
         for step, name in orphans:  # a sharded save that died before its entry file
             if _remove(os.path.join(self.directory, name)):
@@ -350,18 +340,3 @@ def _set_rng_states(pe, state, saved_world):
             torch.set_rng_state(t)
         elif _cuda_here(generator):
             torch.cuda.set_rng_state(t, int(generator[4:]))
-
-
-def _remove(path):
-    """Remove ``path`` if it is a regular file (what a save writes); True when it is gone.
-
-    Anything else named like a checkpoint or a temporary file (a folder, a FIFO, a
-    symlink) was not made by a save: it is left as it is, and nothing is followed.
-    """
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return False
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    return True

@@ -14,9 +14,11 @@ Files of a checkpoint ``DIR/NAME.safetensors`` saved by ``W`` ranks:
   shape and dtype, as a gathered checkpoint has it, and the same ``program_hash``) and
   ``shards``: ``{"world": W, "vars": {name: [numel, shard size]}, "files": [the data
   digest of rank 0's file, rank 1's, ...]}``.
-* ``NAME.shard-<rank:05d>-of-<W:05d>.safetensors`` for ranks 1..W-1 (format
+* ``NAME.shard-<rank:05d>-of-<W:05d>-<save>.safetensors`` for ranks 1..W-1 (format
   ``ssaexec-checkpoint-shard/1``): that rank's shards, by the var's own name, each 1-D
-  of the shard size; the header says the rank and the world.
+  of the shard size; the header says the rank, the world and the save. ``<save>`` is
+  16 hex digits drawn by rank 0 for each save (the index names it too), so a save never
+  writes over the shard files of the checkpoint it replaces.
 
 Policy and invariants:
 
@@ -24,8 +26,11 @@ Policy and invariants:
   (``checkpoint``'s policy: temporary file, fsync, rename, fsync of the folder); rank 0
   writes the entry once every rank's file is in place (a collective across processes
   that also brings rank 0 their digests). A save killed half way leaves no entry, so no
-  checkpoint: its shard files are orphans that ``Checkpoints`` removes. The set is one
-  checkpoint because the entry names every file's digest.
+  checkpoint: its shard files are orphans that ``Checkpoints`` removes. A save over an
+  existing checkpoint writes new shard files beside the old ones (another ``<save>``),
+  so the old checkpoint stays whole until the new entry replaces it; then the old
+  shard files are removed (``stale_shards``). The set is one checkpoint because the
+  entry names every file's digest and the save.
 * **Every file is untrusted.** The index is parsed with bounds (a world of at most
   ``MAX_WORLD``, counts that are integers, a shard size that is ``ceil(n / W)``, a numel
   that is the product of the declared shape); shard file names are made from the entry's
@@ -33,6 +38,8 @@ Policy and invariants:
   world it is named for, hold exactly the index's vars, each 1-D of its shard size and
   dtype, and match the digest the index gives for it. Anything else is an
   ``SSAExecError`` naming the file and the var, before anything is loaded.
+* **Only what a save made is removed**: regular files named exactly like a shard file of
+  the entry (``lstat``, nothing followed); anything else is left alone.
 * **Another world size is a reshard.** Reading assembles each var's full tensor
   (concatenate the shards in rank order, cut the padding, reshape: ``join``); the
   loader cuts it again for the target's ranks (its layout's ``shard_of``), so a
@@ -46,13 +53,16 @@ The arithmetic is the layout's own (``program.shard.ShardLayout``), decided once
 import json
 import math
 import os
+import re
+import secrets
+import stat
 
 from ..core.errors import SSAExecError
 from ..program.shard import ShardLayout
 
-__all__ = ["shard_path", "ENTRY_FORMAT", "SHARD_FORMAT", "MAX_WORLD",
-           "parse_index", "parse_persistables", "check_shard", "shard_meta", "check_shard_meta",
-           "join"]
+__all__ = ["shard_path", "shard_files", "stale_shards", "new_save_id", "remove_regular",
+           "ENTRY_FORMAT", "SHARD_FORMAT", "MAX_WORLD", "parse_index", "parse_persistables",
+           "check_shard", "shard_meta", "check_shard_meta", "join"]
 
 ENTRY_FORMAT = "ssaexec-sharded-checkpoint/1"
 SHARD_FORMAT = "ssaexec-checkpoint-shard/1"
@@ -61,14 +71,68 @@ MAX_INDEX = 1 << 26  # bytes of JSON an index may have (64 MiB: millions of vars
 
 
 # --- the files -------------------------------------------------------------------------------
-def shard_path(entry, rank, world):
-    """The file of ``rank``'s shards of the checkpoint whose entry is ``entry`` (rank 0's
-    file is the entry itself)."""
+def new_save_id():
+    """A fresh save id: 16 hex digits (rank 0 draws it; every rank names its file with it)."""
+    return secrets.token_hex(8)
+
+
+_SAVE = re.compile(r"^[0-9a-f]{16}$")
+_SHARD_FILE = re.compile(r"^\.shard-(\d{5})-of-(\d{5})-([0-9a-f]{16})$")
+
+
+def shard_path(entry, rank, world, save):
+    """The file of ``rank``'s shards of the checkpoint whose entry is ``entry`` in save
+    ``save`` (rank 0's file is the entry itself)."""
     entry = os.fspath(entry)
     if rank == 0:
         return entry
     root, ext = os.path.splitext(entry)
-    return f"{root}.shard-{rank:05d}-of-{world:05d}{ext}"
+    return f"{root}.shard-{rank:05d}-of-{world:05d}-{save}{ext}"
+
+
+def shard_files(entry):
+    """``(path, rank, world, save)`` of every regular file in ``entry``'s folder named
+    like one of its shard files (whatever the save), by the directory entry (``lstat``:
+    nothing opened or followed)."""
+    entry = os.fspath(entry)
+    folder = os.path.dirname(entry) or "."
+    root, ext = os.path.splitext(os.path.basename(entry))
+    out = []
+    try:
+        with os.scandir(folder) as entries:
+            for e in entries:
+                name = e.name
+                if not (name.startswith(root) and name.endswith(ext)):
+                    continue
+                m = _SHARD_FILE.match(name[len(root):len(name) - len(ext)])
+                if m and e.is_file(follow_symlinks=False):
+                    out.append((os.path.join(folder, name), int(m.group(1)),
+                                int(m.group(2)), m.group(3)))
+    except FileNotFoundError:
+        pass
+    return sorted(out)
+
+
+def stale_shards(entry, keep=None):
+    """Remove ``entry``'s shard files but those of save ``keep`` (None: all of them);
+    the paths removed."""
+    return [path for path, _, _, save in shard_files(entry)
+            if save != keep and remove_regular(path)]
+
+
+def remove_regular(path):
+    """Remove ``path`` if it is a regular file (what a save writes); True when it is gone.
+
+    Anything else (a folder, a FIFO, a symlink) was not made by a save: it is left as it
+    is, and nothing is followed.
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return True
 
 
 def join(shards, shape):
@@ -82,7 +146,7 @@ def _count(value):
 
 
 def parse_index(text, persistables, path):
-    """The checked index of an entry file: ``(world, {name: (numel, shard size)},
+    """The checked index of an entry file: ``(world, save, {name: (numel, shard size)},
     [digest per rank])``. ``persistables`` is the entry's ``{name: [shape, dtype]}``;
     ``SSAExecError`` names ``path`` and what is wrong."""
     def bad(why):
@@ -94,6 +158,9 @@ def parse_index(text, persistables, path):
     if not isinstance(index, dict):
         raise bad("is not a JSON object")
     world, vars_, files = index.get("world"), index.get("vars"), index.get("files")
+    save = index.get("save")
+    if not (isinstance(save, str) and _SAVE.match(save)):
+        raise bad(f"has save {str(save)[:40]!r}, not 16 hex digits")
     if not _count(world) or not 1 <= world <= MAX_WORLD:
         raise bad(f"has world {str(world)[:40]!r}, not a number of ranks from 1 to {MAX_WORLD}")
     if not isinstance(vars_, dict):
@@ -119,7 +186,7 @@ def parse_index(text, persistables, path):
             raise bad(f"gives var {name!r} shards of {size} elements; {numel} elements over "
                       f"{world} ranks are {math.ceil(numel / world)} each")
         out[name] = (numel, size)
-    return world, out, files
+    return world, save, out, files
 
 
 def check_shard(path, tensors, sizes, dtypes, extra_ok):
@@ -163,14 +230,14 @@ def parse_persistables(text, path):
     return decl
 
 
-def shard_meta(rank, world):
+def shard_meta(rank, world, save):
     """The ``shard`` header entry of rank ``rank``'s file."""
-    return json.dumps({"rank": rank, "world": world}, sort_keys=True)
+    return json.dumps({"rank": rank, "world": world, "save": save}, sort_keys=True)
 
 
-def check_shard_meta(meta, path, rank, world):
-    """Refuse a shard file that is not rank ``rank`` of ``world`` (a file renamed, or left
-    by another save)."""
+def check_shard_meta(meta, path, rank, world, save):
+    """Refuse a shard file that is not rank ``rank`` of ``world`` in save ``save`` (a file
+    renamed, or left by another save)."""
     if meta.get("format") != SHARD_FORMAT:
         raise SSAExecError(f"{path}: not a checkpoint shard file (format "
                            f"{str(meta.get('format'))[:40]!r}, expected {SHARD_FORMAT!r})")
@@ -178,6 +245,9 @@ def check_shard_meta(meta, path, rank, world):
         said = json.loads(meta.get("shard", "")) if len(meta.get("shard", "")) < 200 else None
     except ValueError:
         said = None
-    if said != {"rank": rank, "world": world}:
-        raise SSAExecError(f"{path}: its header says it is shard {str(said)[:60]}, not rank "
-                           f"{rank} of {world}")
+    if said != {"rank": rank, "world": world, "save": save}:
+        shown = {k: said[k] for k in ("rank", "world") if k in said} \
+            if isinstance(said, dict) else said
+        raise SSAExecError(f"{path}: its header says it is shard {str(shown)[:60]} of save "
+                           f"{str(said.get('save') if isinstance(said, dict) else None)[:20]}"
+                           f", not rank {rank} of {world} of save {save}")

@@ -241,6 +241,23 @@ def test_dump_formats_and_options(cli, tmp_path):
     assert len(shown) == 1 and "conv2d#0@cpu:0" in shown[0]
 
 
+def test_dump_zero_shows_the_gathers_reduce_scatters_and_frees(cli):
+    res = cli(["dump", example("seed_mlp.json"), "--places", "cpu:2", "--zero", "3",
+               "--block", "comm"])
+    assert res.status == 0, res
+    counts = {k: len(re.findall(rf"^#\d+\s+{k}\s", res.out, re.M))
+              for k in ("all_gather", "reduce_scatter", "free", "all_reduce")}
+    # 4 parameters: gathered for forward and backward, each freed after (2 places),
+    # each gradient reduce-scattered and freed
+    assert counts == {"all_gather": 8, "reduce_scatter": 4, "free": 24, "all_reduce": 0}
+    assert "prefetch" in res.out
+    res = cli(["dump", example("seed_mlp.json"), "--places", "cpu:2", "--zero", "3",
+               "--keep-after-forward", "--zero-prefetch", "0"])
+    assert res.status == 0 and len(re.findall(r"^#\d+\s+all_gather\s", res.out, re.M)) == 4
+    res = cli(["dump", example("seed_mlp.json"), "--zero", "3", "--zero-prefetch", "-1"])
+    assert res.status == 2 and "--zero-prefetch must be >= 0" in res.err
+
+
 def test_dump_passes_shows_the_graph_after_each_pass(cli, tmp_path):
     from ssaexec.graph.passes import PASS_NAMES
     g = graph_of("seed_mlp.json")
@@ -743,8 +760,9 @@ def test_run_saves_a_sharded_checkpoint_under_zero_and_exports_dcp(cli, tmp_path
                  "--steps", 2, "--batch", 8, "--save", str(ckpt), "--export-dcp", str(out),
                  "--no-progress"])
     assert first.status == 0, first
-    assert sorted(os.listdir(tmp_path)) == ["run.dcp", "run.safetensors",
-                                            "run.shard-00001-of-00002.safetensors"]
+    names = sorted(os.listdir(tmp_path))
+    assert names[:2] == ["run.dcp", "run.safetensors"] and len(names) == 3
+    assert re.fullmatch(r"run\.shard-00001-of-00002-[0-9a-f]{16}\.safetensors", names[2])
     assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp"]
     again = cli(["run", example("mnist_mlp.json"), "--places", "cpu:1", "--steps", 1,
                  "--batch", 8, "--resume", str(ckpt), "--no-progress"])

@@ -66,11 +66,12 @@ def test_a_sharded_checkpoint_loads_on_every_world_size_and_stage(tmp_path):
         _fill(pe)
         meta = se.save_checkpoint(path, pe)
         ref = _state(pe)
+    save = json.loads(meta["shards"])["save"]
     assert sorted(os.listdir(tmp_path)) == ["c.safetensors"] + [
-        f"c.shard-{r:05d}-of-00004.safetensors" for r in (1, 2, 3)]
+        f"c.shard-{r:05d}-of-00004-{save}.safetensors" for r in (1, 2, 3)]
     assert meta["format"] == sharded.ENTRY_FORMAT
     # every rank's file holds its own slice, not the model: rank 3's is 1/4 of each var
-    _, shard3 = sharded_file(tmp_path / "c.shard-00003-of-00004.safetensors")
+    _, shard3 = sharded_file(_shard(path, 3))
     assert shard3["fc_0.w_0"].shape == (8,)  # 30 elements over 4 ranks: ceil = 8
     _, whole = read_checkpoint(path)
     _equal({n: t for n, t in whole.items() if not n.startswith("@STATE.")}, ref)
@@ -86,6 +87,14 @@ def test_a_sharded_checkpoint_loads_on_every_world_size_and_stage(tmp_path):
     scope = se.Scope()  # and into a scope, with the plain program
     se.load_checkpoint(path, scope, program=program[0])
     assert torch.equal(scope.find_var("fc_0.w_0"), ref["fc_0.w_0"])
+
+
+def _shard(path, rank):
+    """The file of ``rank``'s shards of the checkpoint ``path`` (its index names the save)."""
+    meta, _ = sharded_file(path)
+    index = json.loads(meta["shards"])
+    return path.parent / os.path.basename(
+        sharded.shard_path(str(path), rank, index["world"], index["save"]))
 
 
 def sharded_file(path):
@@ -152,15 +161,15 @@ def _refused(program, path, match):
 
 def test_a_missing_shard_file_is_named(tmp_path):
     program, path = _saved(tmp_path)
-    os.remove(tmp_path / "c.shard-00002-of-00004.safetensors")
+    os.remove(_shard(path, 2))
     _refused(program, path, r"c.safetensors is a checkpoint of 4 ranks, and the file of rank "
-                            r"2 is not usable: .*c.shard-00002-of-00004.safetensors: no such "
-                            r"checkpoint shard file")
+                            r"2 is not usable: .*c.shard-00002-of-00004-[0-9a-f]{16}"
+                            r".safetensors: no such checkpoint shard file")
 
 
 def test_a_shard_of_the_wrong_size_is_named_with_its_file_and_var(tmp_path):
     program, path = _saved(tmp_path)
-    shard = tmp_path / "c.shard-00001-of-00004.safetensors"
+    shard = _shard(path, 1)
     _, tensors = sharded_file(shard)
     tensors["fc_0.w_0"] = tensors["fc_0.w_0"][:5].clone()
     digest = _rewrite(shard, tensors)["data_digest"]
@@ -168,29 +177,58 @@ def test_a_shard_of_the_wrong_size_is_named_with_its_file_and_var(tmp_path):
     index = json.loads(meta["shards"])
     index["files"][1] = digest  # the index made to agree: the size check still stands
     _rewrite(path, shards=json.dumps(index))
-    _refused(program, path, r"c.shard-00001-of-00004.safetensors: the shard of 'fc_0.w_0' has "
-                            r"shape \[5\]; the index says 1-D of 8 elements")
+    _refused(program, path, r"c.shard-00001-of-00004-[0-9a-f]{16}.safetensors: the shard of "
+                            r"'fc_0.w_0' has shape \[5\]; the index says 1-D of 8 elements")
 
 
 def test_a_shard_from_another_save_or_rank_is_refused(tmp_path):
     program, path = _saved(tmp_path)
-    one, two = (tmp_path / f"c.shard-0000{r}-of-00004.safetensors" for r in (1, 2))
+    one, two = _shard(path, 1), _shard(path, 2)
     os.rename(one, tmp_path / "x")  # two ranks' files swapped
     os.rename(two, one)
     os.rename(tmp_path / "x", two)
-    _refused(program, path, r"c.shard-00001-of-00004.safetensors: its header says it is shard "
-                            r"\{'rank': 2, 'world': 4\}, not rank 1 of 4")
+    _refused(program, path, r"c.shard-00001-of-00004-[0-9a-f]{16}.safetensors: its header says "
+                            r"it is shard \{'rank': 2, 'world': 4\} of save [0-9a-f]{16}, not "
+                            r"rank 1 of 4 of save [0-9a-f]{16}")
     os.rename(one, tmp_path / "x")
     os.rename(two, one)
     os.rename(tmp_path / "x", two)
     other = tmp_path / "other"
     other.mkdir()
-    with _executor(program, 4, 3) as pe:  # rank 1's file of another save, same names
+    with _executor(program, 4, 3) as pe:  # rank 1's file of another save
         _fill(pe, seed=7)
         se.save_checkpoint(other / "c.safetensors", pe)
-    os.replace(other / one.name, one)
-    _refused(program, path, r"c.shard-00001-of-00004.safetensors: not the shard file .* was "
-                            r"saved with \(its data digest differs")
+    os.replace(_shard(other / "c.safetensors", 1), one)
+    _refused(program, path, r"its header says it is shard \{'rank': 1, 'world': 4\} of save "
+                            r"(?P<a>[0-9a-f]{16}), not rank 1 of 4 of save (?!(?P=a))")
+    meta, _ = sharded_file(path)  # and its header forged to say it is this save's
+    save = json.loads(meta["shards"])["save"]
+    _rewrite(one, shard=sharded.shard_meta(1, 4, save))
+    _refused(program, path, r"c.shard-00001-of-00004-[0-9a-f]{16}.safetensors: not the shard "
+                            r"file .* was saved with \(its data digest differs")
+
+
+def test_a_save_that_fails_half_way_leaves_the_checkpoint_it_replaces_whole(tmp_path):
+    program, path = _saved(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    with _executor(program, 4, 3) as pe:
+        _fill(pe, seed=3)
+        with pytest.raises(AttributeError):  # after ranks 1-3 wrote their files
+            se.save_checkpoint(path, pe, state={"rng": "not a tensor"})
+        assert len(os.listdir(tmp_path)) == len(before) + 3  # beside the old ones
+        with _executor(program, 2, 3) as other:
+            se.load_checkpoint(path, other)  # the old checkpoint, whole
+        meta = se.save_checkpoint(path, pe)  # a good save: every other save's file removed
+        want = _state(pe)
+    save = json.loads(meta["shards"])["save"]
+    assert sorted(os.listdir(tmp_path)) == ["c.safetensors"] + [
+        f"c.shard-{r:05d}-of-00004-{save}.safetensors" for r in (1, 2, 3)]
+    with _executor(program, 2, 3) as pe:
+        se.load_checkpoint(path, pe)
+        _equal(_state(pe), want)
+    with _executor(program, 1, 0) as pe:  # a plain save over it removes every shard file
+        se.save_checkpoint(path, pe)
+    assert os.listdir(tmp_path) == ["c.safetensors"]
 
 
 def test_an_index_that_disagrees_with_itself_or_the_program_is_refused(tmp_path):
@@ -204,6 +242,7 @@ def test_an_index_that_disagrees_with_itself_or_the_program_is_refused(tmp_path)
         (dict(index, vars=dict(index["vars"], **{"fc_0.w_0": [31, 8]})),
          r"gives var 'fc_0.w_0' 31 elements, its shape \[6, 5\] has 30"),
         (dict(index, files=index["files"][:3]), "one 64-digit data digest for each of its 4"),
+        (dict(index, save="../../etc"), r"has save '../../etc', not 16 hex digits"),
         ("[1, 2]", "is not a JSON object"),
     ]
     for bad, match in cases:
@@ -220,11 +259,11 @@ def test_an_index_that_disagrees_with_itself_or_the_program_is_refused(tmp_path)
 
 def test_a_shard_file_that_is_a_fifo_or_a_symlink_is_never_opened(tmp_path):
     program, path = _saved(tmp_path)
-    shard = tmp_path / "c.shard-00002-of-00004.safetensors"
+    shard = _shard(path, 2)
     os.replace(shard, tmp_path / "real")
     os.mkfifo(shard)  # opened for reading, a FIFO would wait for a writer forever
-    _refused(program, path, r"c.shard-00002-of-00004.safetensors: is a FIFO \(named pipe\), "
-                            "not a checkpoint shard file")
+    _refused(program, path, r"c.shard-00002-of-00004-[0-9a-f]{16}.safetensors: is a FIFO "
+                            r"\(named pipe\), not a checkpoint shard file")
     os.remove(shard)
     os.symlink(tmp_path / "real", shard)
     with _executor(program, 2, 3) as pe:
@@ -235,12 +274,12 @@ def test_a_shard_file_that_is_a_fifo_or_a_symlink_is_never_opened(tmp_path):
 
 def test_damaged_shard_data_is_refused_by_its_digest(tmp_path):
     program, path = _saved(tmp_path)
-    shard = tmp_path / "c.shard-00003-of-00004.safetensors"
+    shard = _shard(path, 3)
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
     shard.write_bytes(bytes(data))
-    _refused(program, path, r"c.shard-00003-of-00004.safetensors: its data does not match "
-                            r"the digest")
+    _refused(program, path, r"c.shard-00003-of-00004-[0-9a-f]{16}.safetensors: its data does "
+                            r"not match the digest")
 
 
 # --- exact resume (se.Checkpoints) ----------------------------------------------------------------
@@ -279,10 +318,12 @@ def test_killed_and_resumed_equals_the_run_that_never_stopped(tmp_path, stage, p
     ref, _ = _train(7, places, stage)
     folder = tmp_path / "ck"
     _train(5, places, stage, folder, every=2, keep=2)  # "killed" after step 5: resumes at 4
-    assert sorted(os.listdir(folder)) == sorted(
-        [f"step-0000000{s}.safetensors" for s in (2, 4)]
-        + [f"step-0000000{s}.shard-0000{r}-of-0000{places}.safetensors"
-           for s in (2, 4) for r in range(1, places)])
+    names = sorted(os.listdir(folder))
+    assert [n for n in names if ".shard-" not in n] == \
+        ["step-00000002.safetensors", "step-00000004.safetensors"]
+    assert sorted(n[:len("step-00000002.shard-00001-of-00004")] for n in names
+                  if ".shard-" in n) == [f"step-0000000{s}.shard-0000{r}-of-0000{places}"
+                                          for s in (2, 4) for r in range(1, places)]
     got, start = _train(7, places, stage, folder, every=2, keep=2)
     assert start == 4
     _equal(got, ref)  # float64, bit for bit
@@ -305,13 +346,14 @@ def test_resume_on_another_world_size_takes_the_saved_parameters(tmp_path):
 def test_resume_removes_the_shards_of_a_save_that_died_and_skips_an_incomplete_set(tmp_path):
     folder = tmp_path / "ck"
     _train(4, 2, 3, folder, every=2)
-    (folder / "step-00000006.shard-00001-of-00002.safetensors").write_bytes(b"orphan")
-    os.remove(folder / "step-00000004.shard-00001-of-00002.safetensors")  # a lost file
+    orphan = folder / "step-00000006.shard-00001-of-00002-0123456789abcdef.safetensors"
+    orphan.write_bytes(b"orphan")
+    os.remove(_shard(folder / "step-00000004.safetensors", 1))  # a lost file
     said = []
     with _executor(_program(), 2, 3) as pe:
         sampler = se.EpochSampler(48, 8, seed=2, rank=0, world_size=1)
         assert se.Checkpoints(folder, log=said.append).resume(pe, sampler) == 2
-    assert not (folder / "step-00000006.shard-00001-of-00002.safetensors").exists()
+    assert not orphan.exists()
     assert any("a shard of a save that did not finish" in s for s in said), said
     assert any(s.startswith(f"skipping {folder}/step-00000004.safetensors") and
                "file of rank 1 is not usable" in s for s in said), said
@@ -319,10 +361,12 @@ def test_resume_removes_the_shards_of_a_save_that_died_and_skips_an_incomplete_s
 
 # --- pure parts ---------------------------------------------------------------------------------
 def test_shard_file_names_and_the_join():
-    assert sharded.shard_path("d/step-00000004.safetensors", 0, 4) == \
+    save = sharded.new_save_id()
+    assert len(save) == 16 and int(save, 16) >= 0 and save != sharded.new_save_id()
+    assert sharded.shard_path("d/step-00000004.safetensors", 0, 4, save) == \
         "d/step-00000004.safetensors"
-    assert sharded.shard_path("d/step-00000004.safetensors", 3, 4) == \
-        "d/step-00000004.shard-00003-of-00004.safetensors"
+    assert sharded.shard_path("d/step-00000004.safetensors", 3, 4, save) == \
+        f"d/step-00000004.shard-00003-of-00004-{save}.safetensors"
     full = torch.arange(10.0).reshape(2, 5)
     layout = ShardLayout(3, 3, ())
     parts = [layout.shard_of(full.reshape(-1), r) for r in range(3)]
