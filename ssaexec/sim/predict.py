@@ -130,12 +130,15 @@ def build_graph(program, cluster, places, processes, build_strategy=None, fetch=
 
     ``cache`` (a dict, for the predictions of one unchanged program) keeps graphs: the
     number of processes changes a graph only through whether all-reduces cross
-    processes (``AllReduceWaitOpHandle``s), so one graph serves every count above one.
+    processes (``AllReduceWaitOpHandle``s), so one graph serves every count above one;
+    under ZeRO the shards' sizes depend on the count, so each count has its own.
     """
     bs = copy.copy(build_strategy or BuildStrategy())
     bs.num_trainers, bs.trainer_id = processes, 0
     bs.debug_graphviz_path = None
-    key = (id(program), cluster.device.kind, places, places_per_device, processes > 1,
+    # ZeRO shards over every rank: there the count itself shapes the graph
+    procs = processes if bs.zero_stage else processes > 1
+    key = (id(program), cluster.device.kind, places, places_per_device, procs,
            tuple(v for k, v in zip(bs.__slots__, bs.key(), strict=True)
                  if k not in ("num_trainers", "trainer_id")), tuple(fetch or ()))
     graph = cache.get(key) if cache is not None else None

@@ -150,3 +150,13 @@ def test_simulate_zero_3_reports_the_memory_stats_reports(capsys):
     memory = doc["memory"]["8"]
     expect = predict_memory(se.load_program(path), 8, 3, batch=32, gather_dtype="bf16")
     assert memory["bytes"] == expect.parts and memory["world"] == 8
+
+
+def test_a_shared_cache_keeps_one_graph_per_world_under_zero():
+    prog, profile = _mlp()
+    bs = se.BuildStrategy(zero_stage=3)
+    cache = {}
+    shared = [sim.predict(prog, profile, H100, n, "process-per-gpu", bs, cache=cache).step_s
+              for n in (8, 64)]
+    alone = [sim.predict(prog, profile, H100, n, "process-per-gpu", bs).step_s for n in (8, 64)]
+    assert shared == alone
