@@ -240,10 +240,10 @@ def train_batches(places_total, dtype, runs, seed=0):
 
 
 def _run(places, opt, dtype, stage, runs=3, schedule=False, compiler=None,
-         seed_by_rank=False, **options):
+         seed_by_rank=False, debug=False, **options):
     return dict(places=places, opt=opt, dtype=dtype, stage=stage, runs=runs,
                 schedule=schedule, compiler=compiler, seed_by_rank=seed_by_rank,
-                options=options)
+                debug=debug, options=options)
 
 
 def _stages(name, stages=(0, 1, 2, 3), **kw):
@@ -258,6 +258,8 @@ TRAIN_RUNS = {
     **_stages("adamw-2x2", places=2, opt="adamw", dtype="float64"),
     # each rank's start-up draws other values: rank 0's are the ones every rank trains
     "adamw-2x2/3-seeds": _run(2, "adamw", "float64", 3, seed_by_rank=True),
+    # the debug check compares the ranks' collective sequences (gathers, reduce-scatters)
+    "adamw-2x2/3-debug": _run(2, "adamw", "float64", 3, debug=True),
     **_stages("adamw-fp32-2x2", places=2, opt="adamw", dtype="float32"),
     # gradient accumulation: 2 micro-batches a step, 3 steps
     **_stages("accumulate-2x2", stages=(0, 2, 3), places=2, opt="adamw", dtype="float64",
@@ -300,7 +302,15 @@ def train_run(se, run, distributed, processes=PROCESSES):
         places = se.cpu_places(processes * run["places"])
         strategy = se.BuildStrategy(**options)
     es = se.ExecutionStrategy(compiler=run["compiler"])
-    with se.ParallelExecutor(places, main, startup, loss, strategy, es, scope=se.Scope()) as pe:
+    if run["debug"] and distributed:
+        os.environ[se.distributed.DEBUG_ENV] = "1"
+    try:
+        pe = se.ParallelExecutor(places, main, startup, loss, strategy, es, scope=se.Scope())
+    finally:
+        os.environ.pop(se.distributed.DEBUG_ENV, None)
+    with pe:
+        if run["debug"] and distributed:
+            assert pe._collective.debug
         losses = []
         for feed in batches:
             lv, = pe.run([loss], feed=se.distributed.shard_batch(feed) if distributed else feed)
