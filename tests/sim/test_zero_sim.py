@@ -126,10 +126,11 @@ def test_llama_8b_on_8_h100s_against_torchtitan():
         assert error == pytest.approx(documented, abs=0.005), rid
     assert abs(tps / rows["llama3-8b-fsdp-compile-8"]["tps_per_gpu"] - 1) <= GOAL
     assert tps / rows["llama3-8b-fsdp-8"]["tps_per_gpu"] - 1 > GOAL  # the documented gap
-    # torchtitan's MFU accounting of the prediction: between its own 33 % and 39 %
-    # (eager, compiled) and a plausible share of the SXM peak torchtitan divides by
+    # the prediction in torchtitan's MFU accounting (its FLOPs per token over the SXM
+    # peak): above the published 33 % (eager) to 39 % (compiled), as the documented
+    # gap says, and below half the peak
     mfu = tps * flops_per_token(r["model"]) / 989.4e12
-    assert 0.33 < mfu < 0.5
+    assert 0.39 < mfu < 0.5
     m = r["memory"]
     # sharded fp32 parameters, gradients and Adam state: 16 bytes x 8.03B / 8
     assert m.parts["parameters"] + m.parts["optimizer_state"] == pytest.approx(
