@@ -1,0 +1,181 @@
+"""Time to N training steps, compile included, each mode in a fresh process (issue 50).
+
+``python bench/time_to_steps.py [--model transformer] [--modes ...] [--steps 1,10,100,1000]
+[--rounds 2] [--json FILE]``
+
+What a user waits for: the wall time from building the trainer (the program, the
+executor, and for the blocking modes the compile) to the end of step N, for each N in
+``--steps``, in one run of ``max(N)`` steps. Measured so that no mode inherits another's
+work (``build_s``, the part spent building the trainer before its first step: for the
+ssaexec modes the program's import with ``from_torch``, is reported apart too). Every
+measurement is a **fresh process** with its **own empty Inductor cache**
+(``TORCHINDUCTOR_CACHE_DIR``), and the modes alternate in order from round to round. The
+imports (torch, ssaexec) are timed apart (``import_s``) and not included: every mode pays
+them alike.
+
+Modes: ``ssaexec`` (``compiler=None``: the straight-line path), ``ssaexec-inductor``
+(``compiler="inductor"``: its first two steps record and compile, blocking),
+``ssaexec-auto`` (``compiler="auto"``: tiered, ``runtime.tiered``; the step it switched at
+is reported), ``torch-compile`` (its first step compiles) and ``torch-eager``. The models
+are ``ssaexec bench``'s presets (``ssaexec.harness.workloads``), one CPU place.
+
+Figures: for each mode and N the median over rounds, and the ratio against
+``torch-compile`` and ``ssaexec``; ``ssaexec-auto``'s switch step and its time per step
+before and after the switch.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("ssaexec", "ssaexec-inductor", "ssaexec-auto", "torch-compile", "torch-eager")
+MODELS = ("transformer", "hf-llama", "hf-bert", "quick")
+COMPILERS = {"ssaexec": None, "ssaexec-inductor": "inductor", "ssaexec-auto": "auto"}
+
+
+def _trainer(model, mode):
+    """``mode``'s trainer for ``model``'s preset, one CPU place, not yet stepped."""
+    import torch
+    from ssaexec.harness import cli, runners
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    s = cli.settings(ap.parse_args(["--quick"] if model == "quick" else ["--model", model]))
+    torch.set_num_threads(s.get("torch_threads") or os.cpu_count())
+    cfg = {"mode": mode, "places": 1, "device": "cpu", "settings": s}
+    if mode == "torch-eager":
+        return runners.EagerTrainer(cfg)
+    if mode == "torch-compile":
+        # torch.compile compiles at its first step: the class's own __init__ would take it
+        # (and time it apart); here it is the first of the steps counted
+        trainer = runners.EagerTrainer.__new__(runners.CompileTrainer)
+        runners.EagerTrainer.__init__(trainer, cfg)
+        return trainer
+
+    class Trainer(runners.FromTorchTrainer):
+        compiler = COMPILERS[mode]
+        program = runners.InductorTrainer.program  # the model as the compiler modes import it
+    return Trainer(cfg)
+
+
+def worker(model, mode, steps):
+    """In this process: time ``mode`` to each of ``steps`` and print one JSON line."""
+    t_import = time.perf_counter()
+    import torch  # noqa: F401
+    import ssaexec  # noqa: F401
+    import_s = time.perf_counter() - t_import
+    marks = sorted(steps)
+    t0 = time.perf_counter()
+    trainer = _trainer(model, mode)
+    build_s = time.perf_counter() - t0
+    out, times = {}, []
+    for i in range(1, marks[-1] + 1):
+        ts = time.perf_counter()
+        trainer.step()  # returns the loss as a float: the step is complete
+        times.append(time.perf_counter() - ts)
+        if i in marks:
+            out[str(i)] = time.perf_counter() - t0
+    result = {"import_s": import_s, "build_s": build_s, "to_step": out}
+    pe = getattr(trainer, "pe", None)
+    if mode == "ssaexec-auto" and pe is not None:
+        switches = [s for r in pe._runners._runners.values()
+                    for s in getattr(r.lowering, "switches", [])]
+        if switches:
+            at = switches[0][0]
+            result.update(switch_step=at, compile_s=switches[0][1],
+                          before_ms=1e3 * statistics.median(times[:at]) if at else None,
+                          after_ms=1e3 * statistics.median(times[at:]) if at < len(times)
+                          else None)
+    trainer.close()
+    print(json.dumps(result))
+
+
+def measure(model, mode, steps):
+    """One fresh process with an empty Inductor cache: its JSON result."""
+    with tempfile.TemporaryDirectory(prefix="ssaexec-time-to-steps-") as cache:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode,
+               "--steps", ",".join(map(str, steps))]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200,
+                              env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
+    if proc.returncode != 0:
+        raise SystemExit(f"{model} {mode} failed:\n{proc.stdout}{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse(argv):
+    """The parsed arguments; a bad one exits with status 2 and says which."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="transformer", choices=MODELS,
+                    help="a preset of ssaexec bench (quick: ResNet-18)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
+    ap.add_argument("--steps", default="1,10,100,1000",
+                    help="comma list of step counts N (time to each, compile included)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        ap.error(f"unknown mode(s) {', '.join(bad) or '(none given)'}: choose from "
+                 f"{', '.join(MODES)}")
+    try:
+        args.steps = sorted({int(n) for n in args.steps.split(",") if n.strip()})
+    except ValueError:
+        ap.error(f"--steps must be a comma list of integers, got {args.steps!r}")
+    if not args.steps or args.steps[0] < 1:
+        ap.error("--steps must name step counts of at least 1")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.worker:
+        return worker(args.worker[0], args.worker[1], args.steps)
+    raw = {mode: [] for mode in args.modes}
+    for r in range(args.rounds):
+        for mode in (args.modes if r % 2 == 0 else args.modes[::-1]):
+            res = measure(args.model, mode, args.steps)
+            raw[mode].append(res)
+            extra = f"  switched at step {res['switch_step']}" if "switch_step" in res else ""
+            print(f"round {r + 1}: {mode:17s} " + "  ".join(
+                f"N={n}: {res['to_step'][str(n)]:7.2f} s" for n in args.steps) +
+                f"  (build {res['build_s']:.2f} s)" + extra,
+                flush=True)
+    med = {mode: {n: statistics.median(x["to_step"][str(n)] for x in runs)
+                  for n in args.steps} for mode, runs in raw.items()}
+    print(f"\n{args.model}, one CPU place, a fresh process with an empty cache each, "
+          f"medians of {args.rounds} rounds ({os.cpu_count()} cores); seconds to step N, "
+          "compile included, imports not")
+    print(f"{'mode':17s} " + " ".join(f"{'N=' + str(n):>10s}" for n in args.steps))
+    for mode in args.modes:
+        print(f"{mode:17s} " + " ".join(f"{med[mode][n]:9.2f}s" for n in args.steps))
+    for ref in ("torch-compile", "ssaexec"):
+        if ref in med:
+            for mode in args.modes:
+                if mode != ref:
+                    print(f"{mode:17s} / {ref:13s} " + " ".join(
+                        f"{med[mode][n] / med[ref][n]:9.2f}x" for n in args.steps))
+    for res in raw.get("ssaexec-auto", []):
+        if "switch_step" in res:
+            print(f"ssaexec-auto switched at step {res['switch_step']} (compile "
+                  f"{res['compile_s']:.1f} s in the background): "
+                  f"{res['before_ms'] or float('nan'):.2f} ms a step before, "
+                  f"{res['after_ms'] or float('nan'):.2f} ms after")
+        else:
+            print("ssaexec-auto did not switch within the steps run")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "raw": raw, "medians": med,
+                       "cores": os.cpu_count()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
