@@ -17,7 +17,9 @@ What is the model's state (without ``module=``): the parameters, and the persist
 no optimizer op reads or writes and that the executor did not add (a batch norm's
 running statistics, not moments, beta powers, the learning rate, ``@LR.step``,
 ``@AMP.*``, ``*@ACC``). Optimizer state stays in ssaexec's checkpoints (exact resume
-needs it; a DCP folder is for torch tools).
+needs it; a DCP folder is for torch tools). Values are the gathered state: parameters
+(equal on every place), and buffers as place 0 holds them, as a checkpoint has them
+(``write_back`` averages a batch norm's statistics over the places instead).
 
 Policy:
 
