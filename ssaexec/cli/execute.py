@@ -81,8 +81,9 @@ def execution_options(parser, steps_default):
                    help="gradient accumulation: update every K steps (default: 1)")
     g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
                    help="compress gradients to this type for the all-reduce")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2), default=0,
-                   help="ZeRO stage: shard optimizer state over the places (default: 0)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage: shard optimizer state (1), gradients too (2), "
+                        "parameters too (3) over the places (default: 0)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 

@@ -276,7 +276,7 @@ def test_dump_passes_shows_the_graph_after_each_pass(cli, tmp_path):
     assert res.status == 0, res
     doc = json.loads(res.out)
     assert [(p["index"], p["name"]) for p in doc["passes"]] == \
-        [(5, "insert_collectives"), (10, "fetch")]
+        [(5, "insert_collectives"), (len(PASS_NAMES), "fetch")]
     assert [o["name"] for o in doc["passes"][-1]["graph"]["ops"]] == [op.name for op in g.ops]
     assert doc["passes"][0]["graph"]["num_ops"] == len(g.ops) - len(g.fetches)
     # DOT to a file: one file per pass, named as debug_graphviz_path names them
@@ -285,7 +285,8 @@ def test_dump_passes_shows_the_graph_after_each_pass(cli, tmp_path):
     assert res.status == 0 and res.out == "", res
     files = sorted(p.name for p in tmp_path.glob("g.dot.*.dot"))
     assert files == [f"g.dot.{k:02d}_{n}.dot" for k, n in enumerate(PASS_NAMES, 1)]
-    assert (tmp_path / "g.dot.10_fetch.dot").read_text().startswith("digraph")
+    assert (tmp_path / f"g.dot.{len(PASS_NAMES):02d}_fetch.dot").read_text() \
+        .startswith("digraph")
 
 
 @pytest.mark.parametrize("argv,needle", [
