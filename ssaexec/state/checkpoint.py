@@ -64,7 +64,8 @@ __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "save_parame
 FORMAT = "ssaexec-checkpoint/1"
 STATE = "@STATE."  # prefix of the training-state tensors (not the program's)
 TEMP_PREFIX = ".ckpt-"  # a save's temporary file: .ckpt-XXXX.tmp in the target's folder
-_RESERVED = ("format", "persistables", "program_hash", "places", "runs", "data_digest")
+_RESERVED = ("format", "persistables", "program_hash", "places", "runs", "data_digest",
+             "shards", "shard")
 
 
 def _optional(name):
@@ -114,8 +115,8 @@ class _Zero:
         return None if t is None else (self.vars[name][1], t.dtype)
 
     def plain_names(self):
-        """Every persistable of the plain program: the run program's but the shard vars,
-        and the sharded vars by their plain names."""
+        """Every persistable of the plain program (the sharded vars by their plain names,
+        never their shards')."""
         names = [v.name for v in _persistables(self.plain_program())]
         return names + [n for n in self.vars if n not in names]
 
@@ -160,8 +161,6 @@ def _target(target, program):
     if hasattr(target, "local_scopes"):  # a ParallelExecutor
         pe = target
         t.zero = zero = _zero(pe)
-        owners = {} if zero is not None or not hasattr(pe, "state_owners") \
-            else pe.state_owners()
         plain = zero.plain_program() if zero is not None else pe.run_program
         t.params = {v.name for v in _persistables(plain) if v.is_parameter}
         t.names = zero.plain_names() if zero is not None else \
@@ -170,7 +169,7 @@ def _target(target, program):
         def get(name):
             if zero is not None and name in zero.vars:
                 return None  # only gathered_state() holds it whole
-            return pe.local_scopes[owners.get(name, 0)].find_var(name)
+            return pe.local_scopes[0].find_var(name)
 
         def declared(name):
             if zero is not None and name in zero.vars:
@@ -179,11 +178,8 @@ def _target(target, program):
             return None if have is None else (list(have.shape), have.dtype)
 
         def put(name, value):
-            owner = owners.get(name)
             cut = zero is not None and name in zero.vars
             for k, (place, scope) in enumerate(zip(pe.places, pe.local_scopes, strict=True)):
-                if owner is not None and owner != k:
-                    continue
                 if cut:  # this place's shard; the full var where it persists
                     _set(scope, place, zero.vars[name][0], zero.cut(name, value, k))
                     if not zero.persists(name):
