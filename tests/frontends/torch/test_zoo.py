@@ -229,6 +229,29 @@ def test_one_program_trains_sequence_lengths_16_and_32():
 
 
 # --- tied weights, write_back, save_pretrained, evaluation ---------------------------------------
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_gpt2_trains_alike_under_every_zero_stage(opt):
+    """Issue 49, acceptance 1 (one process, 1x2): 3 steps of each ZeRO stage equal the
+    all-reduce run (float64, here to the last bit), every parameter sharded."""
+    model, main0, startup0, loss = _captured("gpt2")
+    optimizer = se.optimizer.SGD(LR) if opt == "sgd" else \
+        se.optimizer.AdamW(0.01, weight_decay=0.1)
+    main, startup = _with_optimizer(main0, startup0, optimizer)
+    batches = _batches("gpt2")
+    runs = {}
+    for stage in (0, 1, 2, 3):
+        with se.ParallelExecutor(se.cpu_places(2), main, startup, loss,
+                                 se.BuildStrategy(zero_stage=stage), scope=se.Scope()) as pe:
+            losses = [float(pe.run([loss], feed=f)[0]) for f in batches]
+            runs[stage] = (losses, pe.gathered_state())
+            if stage:
+                assert len(pe.shard_layout()) == len(main.all_parameters())
+    for stage in (1, 2, 3):
+        assert runs[stage][0] == pytest.approx(runs[0][0], abs=1e-10, rel=0)
+        for name, want in runs[0][1].items():
+            assert torch.allclose(runs[stage][1][name], want, rtol=0, atol=1e-10), name
+
+
 def test_tied_embedding_is_one_parameter_with_one_all_reduce(tmp_path):
     model, main0, startup0, loss = _captured("gpt2")
     block = main0.global_block()
