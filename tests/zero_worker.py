@@ -9,12 +9,14 @@ configurations: starting processes is the slow part on a small machine.
 Scenarios:
 
 * ``collectives``: ``ProcessGroupCollective.all_gather`` / ``reduce_scatter`` (and their
-  ``_start`` forms, the graph handle's low-precision gather, the compat fallbacks) on inputs every rank
-  can rebuild (``collective_input``), for 1 and 2 places a process; a size mismatch; a
-  peer that never joins (a side group with a short timeout).
+  ``_start`` forms, the graph handle's low-precision gather, the compat fallbacks) on
+  inputs every rank can rebuild (``collective_input``), for 1 and 2 places a process; a
+  size mismatch; a peer that never joins (a side group with a short timeout). With
+  ``ZERO_BACKEND=nccl``: the same on GPUs (one a process).
 * ``train``: every entry of ``TRAIN_RUNS`` (ZeRO stages 0-3, 1 and 2 places a process,
-  SGD and AdamW, float64 and float32, gradient accumulation, an LR schedule, stage 3's
-  switches) trained ``runs`` steps on this rank's share of the same global batches; the
+  SGD and AdamW, float64 and float32, the example MLP and CNN, gradient accumulation, an
+  LR schedule, stage 3's switches, debug mode, ``compiler="inductor"``) trained ``runs``
+  steps on this rank's share of the same global batches; the
   record holds ``pe.gathered_state()`` (every persistable as the plain program declares
   it), the losses and the ZeRO collectives each phase's graph holds. Last, a step that
   fails on rank 1 (an out-of-range label) under stage 3: each place's state before and
@@ -221,29 +223,36 @@ PER_PLACE = 2  # samples per place per step
 IN_DIM = 12
 
 
-def train_model(opt, dtype, schedule=False, seed=0):
-    """The example MLP (sizes that leave padded shards: 10 and 8 over 2 or 4 ranks)."""
+def train_model(opt, dtype, schedule=False, seed=0, model="mlp"):
+    """The example MLP (sizes that leave padded shards: 10 and 8 over 2 or 4 ranks), or
+    the example CNN (``model="cnn"``: conv, batch norm, 8x8 images)."""
     import ssaexec as se
-    from ssaexec.program.example_models import build_mlp, make_optimizer
+    from ssaexec.program.example_models import build_cnn, build_mlp, make_optimizer
     lr = 0.05 if opt == "sgd" else 0.01
     if schedule:
         lr = se.optimizer.lr.StepDecay(lr, step_size=1, gamma=0.5)
+    if model == "cnn":
+        return build_cnn(dtype, make_optimizer(opt, lr), seed=seed, size=8, filters=(3, 4))
     return build_mlp(dtype, make_optimizer(opt, lr), seed=seed, in_dim=IN_DIM, hidden=(10, 8))
 
 
-def train_batches(places_total, dtype, runs, seed=0):
+SAMPLE_SHAPES = {"mlp": [IN_DIM], "cnn": [1, 8, 8]}
+
+
+def train_batches(places_total, dtype, runs, seed=0, model="mlp"):
     """``runs`` global batches of ``places_total * PER_PLACE`` samples (every process's)."""
     g = torch.Generator().manual_seed(seed)
     b = places_total * PER_PLACE
-    return [{"img": torch.randn(b, IN_DIM, dtype=getattr(torch, dtype), generator=g),
+    shape = SAMPLE_SHAPES[model]
+    return [{"img": torch.randn(b, *shape, dtype=getattr(torch, dtype), generator=g),
              "label": torch.randint(0, 10, (b, 1), generator=g)} for _ in range(runs)]
 
 
 def _run(places, opt, dtype, stage, runs=3, schedule=False, compiler=None,
-         seed_by_rank=False, debug=False, **options):
+         seed_by_rank=False, debug=False, model="mlp", **options):
     return dict(places=places, opt=opt, dtype=dtype, stage=stage, runs=runs,
                 schedule=schedule, compiler=compiler, seed_by_rank=seed_by_rank,
-                debug=debug, options=options)
+                debug=debug, model=model, options=options)
 
 
 def _stages(name, stages=(0, 1, 2, 3), **kw):
@@ -261,6 +270,9 @@ TRAIN_RUNS = {
     # the debug check compares the ranks' collective sequences (gathers, reduce-scatters)
     "adamw-2x2/3-debug": _run(2, "adamw", "float64", 3, debug=True),
     **_stages("adamw-fp32-2x2", places=2, opt="adamw", dtype="float32"),
+    # the example CNN: 4-D conv weights, batch norm (its running statistics per place)
+    **_stages("cnn-2x2", stages=(0, 1, 3), places=2, opt="adamw", dtype="float64",
+              model="cnn"),
     # gradient accumulation: 2 micro-batches a step, 3 steps
     **_stages("accumulate-2x2", stages=(0, 2, 3), places=2, opt="adamw", dtype="float64",
               runs=6, gradient_accumulation_steps=2),
@@ -292,8 +304,10 @@ def train_run(se, run, distributed, processes=PROCESSES):
     ``run["places"]`` (``distributed``), or all of them in one process. Returns the
     gathered state, the losses (this process's) and the graphs' collective counts."""
     seed = se.distributed.rank() if distributed and run["seed_by_rank"] else 0
-    main, startup, loss = train_model(run["opt"], run["dtype"], run["schedule"], seed)
-    batches = train_batches(processes * run["places"], run["dtype"], run["runs"])
+    main, startup, loss = train_model(run["opt"], run["dtype"], run["schedule"], seed,
+                                      run["model"])
+    batches = train_batches(processes * run["places"], run["dtype"], run["runs"],
+                            model=run["model"])
     options = dict(run["options"], zero_stage=run["stage"])
     if distributed:
         places = se.distributed.local_places(run["places"])
@@ -319,7 +333,12 @@ def train_run(se, run, distributed, processes=PROCESSES):
                               else [])
         kinds = {ph: _kinds(pe.graph([loss], phase=ph)) for ph in phases}
         state = {k: v.clone() for k, v in pe.gathered_state().items()}
-    return {"state": state, "losses": torch.stack(losses), "kinds": kinds}
+    block = main.global_block()
+    # batch norm's running statistics: each place's own (its share of the batch)
+    per_place = sorted({n for op in block.ops if op.type == "batch_norm"
+                        for n in op.output_names() if block.var(n).persistable})
+    return {"state": state, "losses": torch.stack(losses), "kinds": kinds,
+            "per_place": per_place}
 
 
 def _place_state(pe):

@@ -33,11 +33,12 @@ def _result(records, name):
     got = [rec[name] for rec in records]
     for r, g in enumerate(got):
         assert "error" not in g, f"rank {r}, {name}: {g.get('error')}"
-    # every rank holds the same gathered state, bit for bit
+    # every rank holds the same gathered state, bit for bit (but batch norm's running
+    # statistics: each place's own)
     for other in got[1:]:
         assert other["state"].keys() == got[0]["state"].keys(), name
         for k, v in got[0]["state"].items():
-            assert torch.equal(other["state"][k], v), (name, k)
+            assert k in got[0]["per_place"] or torch.equal(other["state"][k], v), (name, k)
     return got[0]
 
 
@@ -58,7 +59,7 @@ def _group(name):
 
 
 EXACT_GROUPS = ["sgd-2x1", "adamw-2x1", "sgd-2x2", "adamw-2x2", "adamw-fp32-2x2",
-                "accumulate-2x2", "schedule-2x1", "switches-2x2"]
+                "cnn-2x2", "accumulate-2x2", "schedule-2x1", "switches-2x2"]
 
 
 @pytest.mark.parametrize("group", EXACT_GROUPS)
