@@ -47,7 +47,7 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import GraphError, ProgramError
 from ..core.limits import depth_problem
 from ..program.desc import EMPTY_VAR, OpDesc
-from ..program.shard import shard_program
+from ..program.shard import is_sharded, shard_program
 from .fuse import GradBucketer
 from .ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
                   BroadcastOpHandle, CollectiveOpHandle, ComputationOpHandle, FetchOpHandle,
@@ -670,7 +670,7 @@ def run_passes(program, places, strategy, fetch_list=(), passes=PASSES, after=No
     world = len(places) * strategy.num_trainers
     if strategy.zero_stage and world > 1:
         program, layout = shard_program(program, strategy.zero_stage, world)
-    elif any(n.endswith("@SHARD") for n in program.global_block().vars):
+    elif is_sharded(program):
         raise GraphError(f"the program is sharded (ZeRO's @SHARD vars) but the strategy "
                          f"has zero_stage={strategy.zero_stage} over {world} rank(s)")
     bg = BuildGraph(program, tuple(places), strategy, tuple(fetch_list or ()),

@@ -167,8 +167,15 @@ class ShardLayout:
 
 
 def is_sharded(program):
-    """Whether ``program`` is already a run program of ``shard_program``."""
-    return any(n.endswith(SHARD_SUFFIX) for n in program.global_block().vars)
+    """Whether ``program`` is already a run program of ``shard_program`` (or
+    ``shard_like``): a parameter ``p`` has its shard ``p@SHARD`` declared."""
+    block = program.global_block()
+    for n in block.vars:
+        if n.endswith(SHARD_SUFFIX):
+            var = block.find_var(n[:-len(SHARD_SUFFIX)])
+            if var is not None and var.is_parameter:
+                return True
+    return False
 
 
 def _updates(block):

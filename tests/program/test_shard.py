@@ -96,3 +96,25 @@ def test_accumulation_micro_batches_hold_the_same_shards():
     assert all(block.var(sp.shard_name).persistable and not block.var(sp.name).persistable
                for sp in layout)
     assert [p.name for p in layout_of(micro, 2, 3)] == [p.name for p in layout]
+
+
+def test_a_sharded_program_needs_the_stage_and_world_it_was_sharded_for(tmp_path):
+    # a run program saved to a file and loaded back: it validates as no program file
+    # does (its gradient shards are written by the graph alone), is refused by a plain
+    # build, and runs only where its shards fit
+    run, _ = shard_program(_mlp()[0], 2, 2)
+    path = tmp_path / "run.json"
+    se.save_program(run, path)
+    with pytest.raises(ProgramError, match=r"fc_\d\.\w_0@GRAD@SHARD.*never written"):
+        se.load_program(path, validate=True)
+    loaded = se.load_program(path)
+    with pytest.raises(se.GraphError, match="sharded .* zero_stage=0"):
+        se.build_ssa_graph(loaded, se.cpu_places(2))
+    with pytest.raises(ProgramError, match="another world size"):
+        se.build_ssa_graph(loaded, se.cpu_places(3), se.BuildStrategy(zero_stage=2))
+    g = se.build_ssa_graph(loaded, se.cpu_places(2), se.BuildStrategy(zero_stage=1))
+    assert g.program is loaded and len(g.shard_layout) == 4
+    # a var that merely ends in @SHARD, not a parameter's, is no shard
+    main = _mlp()[0]
+    main.global_block().create_var("x@SHARD", shape=[3])
+    assert not is_sharded(main) and len(shard_program(main, 3, 2)[1]) == 4
