@@ -104,19 +104,25 @@ class CompileWorker:
             self.proc = subprocess.Popen([sys.executable, "-c", _ENTRY],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          env=env)
-            atexit.register(self.close)
+            atexit.register(self.close)  # (runtime.tiered closes it earlier)
         return self.proc
 
     def close(self):
-        """Close the worker's stdin (it exits) and wait for it."""
+        """Close the worker's stdin, so that an idle worker exits; one still compiling is
+        stopped (a run that ends before its compiles does not wait for them)."""
+        self.broken = self.broken or "the compile worker is closed"  # and stays closed
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
             proc.stdin.close()
-            proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a worker that will not exit is ended
-            proc.kill()
+            proc.wait(timeout=0.5)
+        except Exception:  # noqa: BLE001 - busy: stopped (SIGTERM, then SIGKILL)
+            proc.terminate()
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def main():

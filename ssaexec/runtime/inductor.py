@@ -108,7 +108,8 @@ from ..ops.registry import get_op_def
 from .compiled import SegmentLowering, summary_plan
 from .rng import op_seed, register_call, seeded_call
 
-__all__ = ["FOREACH_UPDATES", "InductorLowering", "MAX_SIGNATURES", "check_compiler", "inductor_summary"]
+__all__ = ["FOREACH_UPDATES", "InductorLowering", "MAX_SIGNATURES", "check_compiler",
+           "compile_graph", "inductor_summary", "missing_cpp"]
 
 # optimizer updates whose foreach form (``ops.optim.FUSED``) is already one to three passes
 # over each tensor: a commit segment of these only is not compiled (see the policy above)
@@ -129,16 +130,24 @@ def check_compiler(compiler, places):
     if compiler is None or compiler == "auto":  # "auto" never refuses (runtime.tiered)
         return
     if compiler != "inductor":
-        raise SSAExecError(f"compiler must be None, 'inductor' or 'auto', got {compiler!r}")
+        raise SSAExecError(f"compiler must be None or 'inductor' or 'auto', got {compiler!r}")
     # what a compile needs of torch, refused now (at build time) rather than mid-step
     compat.require("inductor.compile_fx", "inductor.config", "inductor.tracing_context",
                    "inductor.tracing", "fx.make_fx", "fx.disable_proxy_modes_tracing",
                    "fx.get_dispatch_mode", "fx.dispatch_mode_key", "library.custom_op")
+    missing = missing_cpp(places)
+    if missing is not None:
+        raise SSAExecError(f"compiler='inductor' {missing}")
+
+
+def missing_cpp(places):
+    """What CPU ``places`` lack for Inductor (a C++ compiler on PATH), or None; no import."""
     if any(not p.is_cuda for p in places) and \
             not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
-        raise SSAExecError("compiler='inductor' on CPU places needs a C++ compiler, and none "
-                           "was found on PATH (g++, c++ or clang++): install one, e.g. "
-                           "'apt install g++' (Debian, Ubuntu) or 'dnf install gcc-c++'")
+        return ("on CPU places needs a C++ compiler, and none was found on PATH (g++, c++ "
+                "or clang++): install one, e.g. 'apt install g++' (Debian, Ubuntu) or "
+                "'dnf install gcc-c++'")
+    return None
 
 
 class InductorLowering:

@@ -63,6 +63,7 @@ would keep the tier it was captured in). There ``compiler="auto"`` is the compil
 said once per process on one line.
 """
 
+import atexit
 import collections
 import hashlib
 import importlib.util
@@ -82,7 +83,7 @@ from ..core.errors import SSAExecError
 from ..ops.guards import GuardError
 from .compile_worker import CompileWorker, portable
 from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _CompiledSegment,
-                       _first_line, _layout_copy, _Refused, _signature, check_compiler)
+                       _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
 __all__ = ["REPORT_AFTER", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "straight_reason"]
@@ -99,10 +100,12 @@ def straight_reason(places, build_strategy, exec_strategy):
                 "replicas drift apart in the last bits (compiler='inductor' compiles on all)")
     if exec_strategy.cuda_graph:
         return "CUDA graph capture keeps the tier a step was captured in"
-    try:
-        check_compiler("inductor", places)
-    except SSAExecError as e:
-        return str(e)
+    # nothing imported here: importing Inductor takes seconds, and the first step must not
+    # wait for it (the background compile imports it; a torch too old for it is a failed
+    # compile there, said on one line)
+    missing = missing_cpp(places)
+    if missing is not None:
+        return f"Inductor {missing}"
     if any(p.is_cuda for p in places) and importlib.util.find_spec("triton") is None:
         return "CUDA places need Triton for Inductor, and it is not installed"
     return None
@@ -129,17 +132,42 @@ class _Worker:
         with self.lock:
             if self.thread is None or not self.thread.is_alive():
                 # a daemon: a run that ends mid-compile does not wait for it
+                if self.thread is None:
+                    # at exit, before atexit's handlers: threading's own hook
+                    getattr(threading, "_register_atexit", atexit.register)(_shutdown)
                 self.thread = threading.Thread(target=self._loop, name="ssaexec-compile",
                                                daemon=True)
                 self.thread.start()
         self.jobs.put(job)
 
     def _loop(self):
-        while True:
-            self.jobs.get()()
+        while not _EXITING.is_set():
+            try:
+                job = self.jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                job()
+            except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
+                print(f"ssaexec: a background compile failed: {type(e).__name__}: "
+                      f"{_first_line(e)}", file=sys.stderr, flush=True)
 
 
 _WORKER = _Worker()
+_EXITING = threading.Event()  # the interpreter is exiting: jobs stop, and say nothing
+
+
+def _shutdown():
+    """At exit, before any ``atexit`` handler (Inductor's close its pools): stop the jobs,
+    end the worker process (a job waiting on it returns at once) and wait for the
+    background thread, which must not be inside torch's C++ code when the interpreter
+    goes (a C++ "terminate called" abort, seen). What it has left is a trace or a load
+    from the cache: seconds at most."""
+    _EXITING.set()
+    _PROCESS.close()
+    thread = _WORKER.thread
+    if thread is not None and thread.is_alive():
+        thread.join(timeout=60)
 _PROCESS = CompileWorker()
 # where the compile proper runs: "process" (runtime.compile_worker; the default) or
 # "thread" (the background thread itself; bench/time_to_steps.py compares the two)
@@ -323,7 +351,7 @@ class _Job:
 
     def __call__(self):
         seg = self.seg()
-        if seg is None:
+        if seg is None or _EXITING.is_set():
             return
         low = seg.lowering
         t0 = time.perf_counter()
@@ -341,6 +369,8 @@ class _Job:
             if os.environ.get("SSAEXEC_TIERED_DEBUG"):
                 print(f"tiered: trace {t1 - t0:.2f} s, worker {t2 - t1:.2f} s ({why})",
                       file=sys.stderr, flush=True)
+            if _EXITING.is_set():
+                return
             with _COMPILE_LOCK:
                 fn = seg._compile_traced(gm, copies)
             if os.environ.get("SSAEXEC_TIERED_DEBUG"):
@@ -362,7 +392,7 @@ class _Job:
             seg.pending_key = None
             low.pending -= 1
             low.cond.notify_all()
-        if reason is not None:
+        if reason is not None and not _EXITING.is_set():  # (modules go away at exit)
             seg._refuse(reason)
 
 

@@ -19,6 +19,13 @@ from ssaexec.core.errors import SSAExecError
 from ssaexec.runtime.tiered import straight_reason
 
 
+@pytest.fixture(autouse=True)
+def _no_compiler_from_the_environment(monkeypatch):
+    # compiler=None is the reference here: make test-inductor's SSAEXEC_COMPILER (which
+    # replaces None) would make it compile too
+    monkeypatch.delenv("SSAEXEC_COMPILER", raising=False)
+
+
 def _mlp(dtype="float64"):
     main, startup = se.Program(), se.Program()
     with se.program_guard(main, startup):
@@ -107,7 +114,7 @@ def test_a_new_shape_runs_straight_line_while_it_compiles_then_switches_again():
     assert all(float((a - b).abs().max()) < 1e-12 for a, b in zip(losses, ref_losses))
 
 
-def test_where_auto_runs_no_tiers_and_the_default_switch():
+def test_where_auto_runs_no_tiers_and_the_default_switch(monkeypatch):
     places = se.cpu_places(1)
     run = se.ExecutionStrategy(compiler="auto")
     assert straight_reason(places, se.BuildStrategy(), run) is None
@@ -117,19 +124,15 @@ def test_where_auto_runs_no_tiers_and_the_default_switch():
                                                                cuda_graph=True))
     with pytest.raises(SSAExecError, match="compiler must be one of"):
         se.ExecutionStrategy(compiler="tiered")
-    # the environment replaces the default, and None; "none" says None
-    old = os.environ.get("SSAEXEC_COMPILER")
-    try:
-        os.environ["SSAEXEC_COMPILER"] = "auto"
-        assert se.ExecutionStrategy().compiler == "auto"
-        os.environ["SSAEXEC_COMPILER"] = "none"
-        assert se.ExecutionStrategy().compiler is None
-        assert se.ExecutionStrategy(compiler="inductor").compiler == "inductor"
-    finally:
-        if old is None:
-            os.environ.pop("SSAEXEC_COMPILER", None)
-        else:
-            os.environ["SSAEXEC_COMPILER"] = old
+    # the default is the one switch's; the environment replaces it, and None ("none": None)
+    from ssaexec.core.strategy import DEFAULT_COMPILER
+    assert se.ExecutionStrategy().compiler == DEFAULT_COMPILER
+    monkeypatch.setenv("SSAEXEC_COMPILER", "auto")
+    assert se.ExecutionStrategy().compiler == "auto"
+    assert se.ExecutionStrategy(compiler=None).compiler == "auto"
+    monkeypatch.setenv("SSAEXEC_COMPILER", "none")
+    assert se.ExecutionStrategy().compiler is None
+    assert se.ExecutionStrategy(compiler="inductor").compiler == "inductor"
 
 
 _SECOND_RUN = textwrap.dedent("""
@@ -154,6 +157,7 @@ _SECOND_RUN = textwrap.dedent("""
 @pytest.mark.slow
 def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("SSAEXEC_COMPILER", None)
     script = _SECOND_RUN.format(tests=os.path.dirname(os.path.dirname(__file__)))
 
     def run(mode):
