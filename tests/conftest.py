@@ -8,6 +8,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# The suite runs ExecutionStrategy's default as the straight-line path (compiler=None), not
+# as the library's default "auto" (ssaexec.core.strategy.DEFAULT_COMPILER): tiers would
+# start a background compile in every test's executor, seconds of CPU each on 2 cores,
+# and the tests compare with fixed paths. Tests of the tiers name compiler="auto"
+# (tests/runtime/test_tiered.py); SSAEXEC_COMPILER=auto (or inductor: make test-inductor)
+# runs the suite so.
+os.environ.setdefault("SSAEXEC_COMPILER", "none")
+
 
 # make test-inductor (SSAEXEC_COMPILER=inductor: every ExecutionStrategy compiles its
 # segments with Inductor): the tests that cannot hold then, each with why. Keys are node
