@@ -181,7 +181,8 @@ def test_stage_3_under_inductor_equals_the_plain_run(tmp_path):
 
 def test_stage_3_killed_mid_run_resumes_bit_for_bit_on_2_processes_and_on_1x2(tmp_path):
     """Issue 49, acceptance 4: 2 processes x 1 place, rank 1 SIGKILLed at step 5's first
-    collective (a gather); resumed from step 4's sharded checkpoint by 2 processes, and
+    collective (a gather); resumed from step 4's sharded checkpoint by 2 processes (once
+    more killed, rank 0 this time, while saving step 6, so resumed from step 4 again), and
     (from a copy of the folder) by 1 process x 2 places: both end bit for bit where the
     uninterrupted run ends (float64, AdamW, a step LR schedule, a second epoch)."""
     import shutil
@@ -214,6 +215,13 @@ def test_stage_3_killed_mid_run_resumes_bit_for_bit_on_2_processes_and_on_1x2(tm
     assert len([n for n in names if ".shard-00001-of-00002" in n]) == 2, names
     copy = tmp_path / "copy-ck"
     shutil.copytree(ckpt, copy)
+    # resumed, then rank 0 killed while writing step 6's checkpoint (its index written,
+    # not renamed; rank 1's shard file is in place): no step-6 checkpoint
+    w, _ = launch("save-killed", ckpt=ckpt, SSAEXEC_FAULT="kill@save:6:0")
+    with w:
+        codes = w.wait(120)
+        assert codes == [-signal.SIGKILL, 1], w.logs_text()
+    assert not (ckpt / "step-00000006.safetensors").exists()
     for name, world, places, folder in (("again", 2, 1, ckpt), ("one", 1, 2, copy)):
         w, _ = launch(name, world=world, places=places, ckpt=folder)
         with w:
@@ -224,6 +232,11 @@ def test_stage_3_killed_mid_run_resumes_bit_for_bit_on_2_processes_and_on_1x2(tm
             assert rec["state"].keys() == want.keys(), name
             for k, v in want.items():
                 assert torch.equal(rec["state"][k], v), (name, k)
+    # the orphaned shard file of the killed save is gone: one shard file per checkpoint
+    names = sorted(p.name for p in ckpt.iterdir())
+    entries = [n for n in names if ".shard-" not in n]
+    assert entries == [f"step-0000000{k}.safetensors" for k in (2, 4, 6)], names
+    assert len([n for n in names if ".shard-" in n]) == len(entries), names
 
 
 @pytest.mark.cuda
