@@ -99,10 +99,14 @@ def _log(msg):
 def _memory_summary(ranks):
     """The largest process's figures (MiB), and every rank's raw dict."""
     training = [r["step_peak_rss_mb"] - r["baseline_rss_mb"] for r in ranks]
-    return {"training_mb": max(training), "step_peak_rss_mb": max(r["step_peak_rss_mb"]
-                                                                  for r in ranks),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
-            "state_mb": max(r["state_mb"] for r in ranks), "ranks": ranks}
+    out = {"training_mb": max(training), "step_peak_rss_mb": max(r["step_peak_rss_mb"]
+                                                                 for r in ranks),
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+           "state_mb": max(r["state_mb"] for r in ranks), "ranks": ranks}
+    for key in ("tensor_peak_model_mb", "tensor_peak_total_mb"):  # ssaexec sides only
+        if all(key in r for r in ranks):
+            out[key] = max(r[key] for r in ranks)
+    return out
 
 
 def run_config(name, args):
@@ -196,7 +200,8 @@ def table(out):
              f"{s['optimizer']}, {out['threads']} thread(s) a process, "
              f"{s['repeats']} rounds x {s['steps']} steps",
              f"{'side':<26}{'ms/step':>9}{'x peer':>8}{'paired':>8}{'train MiB':>11}"
-             f"{'x peer':>8}{'state MiB':>11}{'setup s':>9}{'1st loss':>10}"]
+             f"{'x peer':>8}{'state MiB':>11}{'tensors MiB':>12}{'setup s':>9}"
+             f"{'1st loss':>10}"]
     for side, res in out["sides"].items():
         if res["status"] != "ok" or "median_step_s" not in res:
             err = (res.get("error") or "no timed window").strip().splitlines()[-1]
@@ -212,7 +217,8 @@ def table(out):
                      f"{f(r.get('throughput_x_peer_paired'), '.2f') if r else '':>8}"
                      f"{f(mem.get('training_mb'), '.1f'):>11}"
                      f"{f(r.get('training_mb_x_peer'), '.2f') if r else '':>8}"
-                     f"{f(mem.get('state_mb'), '.1f'):>11}{res['setup_s']:>9.1f}"
+                     f"{f(mem.get('state_mb'), '.1f'):>11}"
+                     f"{f(mem.get('tensor_peak_total_mb'), '.1f'):>12}{res['setup_s']:>9.1f}"
                      f"{f(res.get('first_loss'), '.5f'):>10}")
     return "\n".join(lines)
 
@@ -229,7 +235,9 @@ def main(argv=None):
                                               "side median step (> 1: faster than the peer)",
                   "training_mb": "largest process: peak RSS (VmHWM, reset after set-up) "
                                  "minus RSS before the model",
-                  "state_mb": "largest process: bytes of the tensors held between steps"},
+                  "state_mb": "largest process: bytes of the tensors held between steps",
+                  "tensor_peak_total_mb": "ssaexec sides: the place's peak tensor bytes "
+                                          "over one observed step (harness.place_memory)"},
               "configs": []}
     t0 = time.perf_counter()
     for name in args.configs:

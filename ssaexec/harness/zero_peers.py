@@ -32,11 +32,17 @@ Memory, per process, the same measure for every side (Linux ``/proc``):
   group, before the model;
 * ``step_peak_rss_mb``: the peak resident memory from the end of set-up (compilation
   included in set-up) to the end of the run: the peak is reset by writing 5 to
-  ``/proc/self/clear_refs`` (``VmHWM``); where that is refused, ``ru_maxrss``;
+  ``/proc/self/clear_refs`` (``VmHWM``); where that is refused, ``ru_maxrss``. Before
+  the baseline and before the reset, ``gc.collect()`` and glibc's ``malloc_trim(0)``
+  hand back what was freed, so both count live memory, not the heap set-up left behind;
 * ``peak_rss_mb``: ``ru_maxrss``, the whole life (set-up included);
 * ``state_mb``: the bytes of the tensors the side holds between steps (parameters,
   gradients, optimizer state, each storage once): FSDP2's local shards and its
-  optimizer's state; ssaexec's place scope.
+  optimizer's state; ssaexec's place scope;
+* ssaexec sides only (torch has no such count on CPU): ``tensor_peak_model_mb`` and
+  ``tensor_peak_total_mb``, the place's peak tensor bytes over one more, observed step
+  (``place_memory``: params + grads + optimizer + gathered; and with the activations),
+  taken after the other figures.
 
 ``training_mb`` = ``step_peak_rss_mb - baseline_rss_mb`` is the figure compared.
 """
@@ -156,6 +162,16 @@ def _status_mb(key):
     return None
 
 
+def _trim():
+    """Hand the heap's free memory back to the system (glibc ``malloc_trim``; elsewhere
+    nothing), so that resident memory is what is live, not what set-up freed."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _reset_peak():
     """Reset this process's peak RSS (VmHWM); False where the kernel refuses."""
     try:
@@ -199,18 +215,19 @@ class _Rank:
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         gc.collect()
+        _trim()
         self.baseline = rss_mb()
         torch.manual_seed(s["seed"])
         self.x, self.y = place_samples(s, world, rank)
         t0 = time.perf_counter()
         self.build()
-        self.compile_s = None
+        self.compile_s, self.setup_losses = None, []
         if getattr(self, "compiler", None):  # the first two steps record and compile
-            self.step()
-            self.step()
+            self.setup_losses = [self.step(), self.step()]
             self.compile_s = time.perf_counter() - t0
         self.setup_s = time.perf_counter() - t0
         gc.collect()  # the set-up's garbage (the import's traces) is not the training's
+        _trim()
         self.peak_reset = _reset_peak()
 
     def window(self, steps):
@@ -230,6 +247,10 @@ class _Rank:
                 "step_peak_rss_mb": peak if peak is not None else peak_rss_mb(),
                 "step_peak_measure": "VmHWM since set-up" if peak is not None else "ru_maxrss",
                 "state_mb": self.state_bytes() / 2**20}
+
+    def tensor_peaks(self):
+        """``{}``, or where the side can count its own tensors over a step, its peaks (MiB)."""
+        return {}
 
     def leave(self):
         import torch.distributed as dist
@@ -284,9 +305,9 @@ class _SSAExecRank(_Rank):
     def build(self):
         import ssaexec as se
         _, stage, self.compiler = parse_side(self.side)
-        main, startup, self.loss = ssaexec_program(self.s)
+        self.main, startup, self.loss = ssaexec_program(self.s)
         self.pe = se.ParallelExecutor(
-            se.cpu_places(1), main, startup, self.loss,
+            se.cpu_places(1), self.main, startup, self.loss,
             build_strategy=se.BuildStrategy(zero_stage=stage),
             exec_strategy=se.ExecutionStrategy(compiler=self.compiler), scope=se.Scope())
         if not self.pe.distributed:
@@ -300,6 +321,13 @@ class _SSAExecRank(_Rank):
     def state_bytes(self):
         return _storage_bytes(self.pe.local_scopes[0].vars.values())
 
+    def tensor_peaks(self):
+        """One more step, observed: the place's peak tensor bytes (``place_memory``)."""
+        from .place_memory import measure_step
+        place, = measure_step(self.pe, self.main, [self.loss], feed=self.feed)["places"]
+        return {"tensor_peak_model_mb": place["peak_model"] / 2**20,
+                "tensor_peak_total_mb": place["peak_total"] / 2**20}
+
     def close(self):
         self.pe.close()
 
@@ -309,7 +337,8 @@ def _serve_rank(side, rank, world, port, s, threads, cmd_q, res_q):
     try:
         cls = _TorchRank if parse_side(side)[0] == "torch" else _SSAExecRank
         r = cls(side, rank, world, port, s, threads)
-        warm = [r.step() for _ in range(s["warmup"])]
+        # the compiling steps' losses first: every side's list starts at step 1
+        warm = r.setup_losses + [r.step() for _ in range(s["warmup"])]
         res_q.put(("ready", rank, {"setup_s": r.setup_s, "compile_s": r.compile_s,
                                    "warmup_losses": warm}))
         while True:
@@ -317,7 +346,8 @@ def _serve_rank(side, rank, world, port, s, threads, cmd_q, res_q):
             if cmd[0] != "window":
                 break
             res_q.put(("window", rank, r.window(cmd[1])))
-        mem = r.memory()
+        mem = r.memory()  # before the observed step, which is not a timed one
+        mem.update(r.tensor_peaks())
         r.leave()
         res_q.put(("result", rank, mem))
     except BaseException:  # noqa: B036 - the driver must hear about every failure

@@ -162,6 +162,8 @@ def test_zero_vs_fsdp_smallest_run_pairs_the_sides(tmp_path):
         assert side["status"] == "ok", side.get("error")
         assert [w["round"] for w in side["windows"]] == [0, 1]
         assert len(side["memory"]["ranks"]) == 2 and side["memory"]["state_mb"] > 0
+    assert ours["memory"]["tensor_peak_total_mb"] >= ours["memory"]["tensor_peak_model_mb"] > 0
+    assert "tensor_peak_total_mb" not in peer["memory"]  # no such count for torch on CPU
     # same weights, same batch, same optimizer: the same losses (fp32, two libraries)
     assert ours["first_loss"] == pytest.approx(peer["first_loss"], rel=1e-5)
     assert ours["losses"] == pytest.approx(peer["losses"], rel=1e-4)
