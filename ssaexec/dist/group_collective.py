@@ -292,10 +292,9 @@ class ProcessGroupCollective(LocalCollective):
                 raise SSAExecError(f"{what}: an output of {o.numel()} elements where the "
                                    f"gather makes {full} ({self.world_size} processes x "
                                    f"{len(shards)} places x {size})")
-        dev = out0.device
-        dtype = out0.dtype
+        dev, dtype = out0.device, out0.dtype
         local = torch.cat([s.detach().reshape(-1).to(dev, dtype) for s in shards])
-        direct = dtype == out0.dtype and out0.is_contiguous()
+        direct = out0.is_contiguous()  # gathered straight into place 0's output
         buf = out0.view(-1) if direct else torch.empty(full, dtype=dtype, device=dev)
         wait = self.start(what, lambda: compat.all_gather_single(
             buf, local, group=self.group, async_op=True), buf)
