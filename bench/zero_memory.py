@@ -26,6 +26,7 @@ whole) for the looser one. The check is printed per layout and written in the JS
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,8 +86,12 @@ def measure(s, stage, places, process=0, processes=1):
     from ssaexec.harness.zero_peers import ssaexec_program
     main, startup, loss = ssaexec_program(s)
     x, y = place_samples(s, processes * places, process * places, places)
+    # compiler None, whatever SSAEXEC_COMPILER says: the observed steps run the readable
+    # path anyway, and "auto" would compile segments in the background meanwhile
+    os.environ.pop("SSAEXEC_COMPILER", None)
     pe = se.ParallelExecutor(se.cpu_places(places), main, startup, loss,
                              build_strategy=se.BuildStrategy(zero_stage=stage),
+                             exec_strategy=se.ExecutionStrategy(compiler=None),
                              scope=se.Scope())
     try:
         feed = {"img": x, "label": y}

@@ -305,6 +305,8 @@ class _SSAExecRank(_Rank):
     def build(self):
         import ssaexec as se
         _, stage, self.compiler = parse_side(self.side)
+        # the side names its compiler: SSAEXEC_COMPILER (which replaces None) must not
+        os.environ.pop("SSAEXEC_COMPILER", None)
         self.main, startup, self.loss = ssaexec_program(self.s)
         self.pe = se.ParallelExecutor(
             se.cpu_places(1), self.main, startup, self.loss,
