@@ -83,8 +83,12 @@ def worker(model, mode, steps):
     result = {"import_s": import_s, "build_s": build_s, "to_step": out}
     pe = getattr(trainer, "pe", None)
     if mode == "ssaexec-auto" and pe is not None:
-        switches = [s for r in pe._runners._runners.values()
-                    for s in getattr(r.lowering, "switches", [])]
+        lowerings = [r.lowering for r in pe._runners._runners.values()
+                     if hasattr(r.lowering, "switches")]
+        switches = [s for low in lowerings for s in low.switches]
+        # the background compile's seconds by phase (trace, worker, load)
+        result["phases"] = {k: sum(low.times[k] for low in lowerings)
+                            for k in ("trace", "worker", "load")}
         if switches:
             at = switches[0][0]
             result.update(switch_step=at, compile_s=switches[0][1],

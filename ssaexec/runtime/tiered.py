@@ -183,7 +183,7 @@ class TieredLowering(InductorLowering):
     """
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
-                 "pending", "cond", "missed", "step_tier", "said")
+                 "pending", "cond", "missed", "step_tier", "said", "times")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None):
@@ -200,6 +200,9 @@ class TieredLowering(InductorLowering):
         self.missed = False  # a segment met a new signature in this step
         self.step_tier = "straight"
         self.said = True
+        # seconds of the background compiles by phase: the trace and the load from the cache
+        # (in this process), the compile (in the worker process)
+        self.times = {"trace": 0.0, "worker": 0.0, "load": 0.0}
 
     def segment_body(self, seg):
         body = _TieredSegment(self, seg, self.base.segment_body(seg))
@@ -360,23 +363,21 @@ class _Job:
             with _COMPILE_LOCK:
                 gm, copies = seg._trace(self.copies)
                 gm = portable(gm)  # the graph every process compiles: one cache key
+            self.copies = None  # the trace made its own: one copy of the inputs held, not two
             t1 = time.perf_counter()
-            why = "expected in the cache" if self.warm else None
             if _WORKER_KIND == "process" and not self.warm:
-                # the compile proper in the worker process; here, a load from the cache
-                why = _PROCESS.compile(gm, copies)
+                # the compile proper in the worker process; here, a load from the cache (if
+                # the worker failed, the compile itself: slower, never a failed step)
+                _PROCESS.compile(gm, copies)
             t2 = time.perf_counter()
-            if os.environ.get("SSAEXEC_TIERED_DEBUG"):
-                print(f"tiered: trace {t1 - t0:.2f} s, worker {t2 - t1:.2f} s ({why})",
-                      file=sys.stderr, flush=True)
             if _EXITING.is_set():
                 return
             with _COMPILE_LOCK:
                 fn = seg._compile_traced(gm, copies)
-            if os.environ.get("SSAEXEC_TIERED_DEBUG"):
-                from torch._dynamo.utils import counters
-                print(f"tiered: load {time.perf_counter() - t2:.2f} s "
-                      f"{dict(counters['inductor'])}", file=sys.stderr, flush=True)
+            times = low.times
+            times["trace"] += t1 - t0
+            times["worker"] += t2 - t1
+            times["load"] += time.perf_counter() - t2
         except _Refused as e:
             reason = str(e)
         except (SSAExecError, GuardError) as e:
