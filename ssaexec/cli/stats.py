@@ -2,7 +2,8 @@
 
 The numbers come from ``ssaexec.graph.analysis.graph_stats`` (static: nothing
 runs) plus ``ssaexec.runtime.compiled.compile_summary`` (the compiled runner's own
-step plan, ``runtime.plan``: the segments it runs, in its order; with
+step plan, ``runtime.plan``: the segments it runs, in its order; how the places of a
+process run, ``runtime.places_rule.describe``; with
 ``--compiler inductor``, ``inductor_summary``, the Inductor runner's); this module
 only picks the output form. ``--zero STAGE`` adds ``ssaexec.sim.memory``'s per-device
 peak for a world of ``--places`` x ``--processes`` ranks.
@@ -78,6 +79,8 @@ def cmd_stats(args):
     stats["cuda_graph"] = {"capturable": problem is None, "why_not": None if problem is None
                            else f"op #{problem[0].op_index} '{problem[0].op_type}': {problem[1]}"}
     stats["collective_backend"] = choose_local_collective(graph.places)[2]
+    from ..runtime.places_rule import describe
+    stats["places_mode"] = describe(graph.places, args.processes)  # threads or turns, why
     if args.compiler == "inductor":
         from ..runtime.inductor import inductor_summary
         # the Inductor runner's own graph: under a compiler the gradients go in buckets
@@ -113,6 +116,7 @@ def cmd_stats(args):
                                            if cg["capturable"] else
                                            f"not capturable: {cg['why_not']}") + "\n")
         sys.stdout.write(stats["collective_backend"] + "\n")
+        sys.stdout.write(f"places run      {stats['places_mode']}\n")
         comp = stats.get("compiler")
         if comp is not None:
             sys.stdout.write(f"compiler        {comp['name']}: {comp['segments']} segments "

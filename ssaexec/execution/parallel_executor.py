@@ -31,10 +31,12 @@ the other ranks raise ``DistributedError`` at once, and this executor refuses
 further runs. ``distributed=False`` keeps an executor local (evaluation on one
 rank, say).
 
-Threads. CPU places share the host's cores, so while several CPU places run,
-torch's intra-op threads are set to ``cores // places`` (at least 1; override
-with ``ExecutionStrategy(torch_threads=...)``) and restored by ``close()``; in a
-multi-process run the cores are divided among the machine's processes too.
+Threads. Several CPU places run either on the scheduler's threads or in turns in the
+caller's thread, whichever of a runner's first steps ran faster (``places_rule``,
+applied by ``threading_probe``). CPU places share the host's cores, so while several
+CPU places run, torch's intra-op threads are set to ``cores // places`` either way (at
+least 1; override with ``ExecutionStrategy(torch_threads=...)``) and restored by
+``close()``; in a multi-process run the cores are divided among the machine's processes too.
 
 Values from outside. Before the persistables are broadcast, those the program reads
 before writing are checked against its declarations (``runtime.boundary``: the error
@@ -165,7 +167,7 @@ class ParallelExecutor:
         self._graph_capture = None
         self._shadowing = None  # share_vars_from: persistable names a step may shadow
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
-        self._probes = ThreadingProbes(self.places)
+        self._probes = ThreadingProbes(self.places)  # threads or turns (places_rule)
         self._entry = EntryCheck()  # what steps read from the places' scopes (boundary)
         self._observing = False  # observe(): steps run the readable path (see observe)
         self._threads = TorchThreads()

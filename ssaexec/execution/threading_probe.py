@@ -1,44 +1,64 @@
-"""Threads or no threads: a ``ParallelExecutor`` times both on a runner's first steps.
+"""Threads or turns: a ``ParallelExecutor`` times both on a runner's first steps.
 
-Several CPU places of one process share the GIL: with tiny kernels the pool's threads
-mostly hand the GIL back and forth, with big ones they overlap kernels. Unless
-``ExecutionStrategy(num_threads=...)`` was given, a runner's first steps are timed on
-the pool and in the caller's thread alone, and the runner keeps the faster way
-(``runner.inline``). Both ways give bit-identical results, so the choice only changes
-speed. CUDA places and a single place are never probed.
+Several CPU places of one process share the GIL and the cores; ``places_rule`` states the
+two ways they run (the pool's threads, or turns in the caller's thread) and the rule that picks one. This module
+applies it: unless ``ExecutionStrategy(num_threads=...)`` was given, a runner's first
+steps run as ``places_rule.PROBE`` says, and the runner keeps the way
+``places_rule.choose`` picks from the best step of each (``runner.inline``). Both ways give bit-identical results, so the
+choice only changes speed. CUDA places and a single place are never probed.
 
-Invariant: one ``ThreadingProbe`` per runner, made on its first step and done after
-``len(ThreadingProbe.SCHEDULE)`` steps; a done probe never touches its runner again.
+A runner whose lowering switches tier (``compiler="auto"``: ``runtime.tiered``, its
+``switches``) is probed again after each switch: the compiled tier's steps may favour
+the other way.
+
+Invariant: one ``ThreadingProbe`` per runner and tier, made on its first step there and
+done after ``len(places_rule.PROBE)`` steps; a done probe sets only the runner's way.
 """
+
+from ..runtime import places_rule
 
 __all__ = ["ThreadingProbe", "ThreadingProbes"]
 
 
 class ThreadingProbe:
-    """Times a runner's first steps with the thread pool and in the caller's thread alone.
+    """Runs a runner's first steps as ``places_rule.PROBE`` says and times them.
 
-    Step 1 (building, warming up) is not timed; step 2 runs in the caller's thread
-    alone, step 3 on the pool; from step 4 on the runner keeps the faster way.
+    Step 1 (building, warming up) is not timed; from step ``len(PROBE) + 1`` on the
+    runner keeps the way ``places_rule.choose`` picked (``choice``).
     """
 
-    __slots__ = ("k", "times", "done")
-    SCHEDULE = (False, True, False)  # inline? for steps 1..3
+    __slots__ = ("k", "times", "done", "choice", "epoch")
+    SCHEDULE = tuple(m == "turns" for m in places_rule.PROBE)  # inline? for steps 1..n
 
-    def __init__(self):
+    def __init__(self, epoch=0):
         self.k = 0
-        self.times = {False: [], True: []}
+        self.times = {m: [] for m in places_rule.MODES}
         self.done = False
+        self.choice = None  # places_rule.PlacesChoice, once done
+        self.epoch = epoch  # the runner's tier switches when the probe began
+
+    @property
+    def mode(self):
+        """The way the next (or, once done, every) step runs."""
+        return self.choice.mode if self.done else places_rule.PROBE[self.k]
 
     def before(self, runner):
-        runner.inline = self.SCHEDULE[self.k]
+        runner.inline = self.mode == "turns"
 
     def record(self, runner, seconds):
         if self.k > 0:
-            self.times[runner.inline].append(seconds)
+            self.times[places_rule.PROBE[self.k]].append(seconds)
         self.k += 1
-        if self.k == len(self.SCHEDULE):
-            runner.inline = min(self.times[True]) < min(self.times[False])
+        if self.k == len(places_rule.PROBE):
+            self.choice = places_rule.choose(min(self.times["threads"]),
+                                             min(self.times["turns"]))
+            runner.inline = self.choice.inline
             self.done = True
+
+
+def _epoch(runner):
+    # tier switches so far (compiler="auto"); other lowerings never switch
+    return len(getattr(runner.lowering, "switches", ()) or ())
 
 
 class ThreadingProbes:
@@ -54,16 +74,22 @@ class ThreadingProbes:
 
     def __init__(self, places):
         self._probes = {}  # id(runner) -> ThreadingProbe
-        self._probing = len(places) >= 2 and not any(p.is_cuda for p in places)
+        self._probing = places_rule.chooses(places)
 
     def before(self, runner, num_threads):
         """The probe to ``record`` this step of ``runner`` with, or None (not probed)."""
         if num_threads is not None or not self._probing:
             return None  # the user chose the threads, or there is nothing to overlap
         probe = self._probes.get(id(runner))
-        if probe is None:
-            probe = self._probes[id(runner)] = ThreadingProbe()
+        epoch = _epoch(runner)
+        if probe is None or probe.epoch != epoch:
+            probe = self._probes[id(runner)] = ThreadingProbe(epoch)
         if probe.done:
             return None
         probe.before(runner)
         return probe
+
+    def choice(self, runner):
+        """The ``PlacesChoice`` made for ``runner``, or None (not probed, or not yet)."""
+        probe = self._probes.get(id(runner))
+        return probe.choice if probe is not None else None

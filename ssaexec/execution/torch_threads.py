@@ -1,7 +1,9 @@
 """torch's intra-op threads while an executor's CPU places run.
 
-Policy. CPU places share the host's cores, so while several run, torch's intra-op
-threads are set to ``cores // (CPU places x processes on this machine)``, at least 1;
+Policy (``places_rule.intra_op_threads``). CPU places share the host's cores, so while
+several run, torch's intra-op threads are set to ``cores // (CPU places x processes on
+this machine)``, at least 1, whichever way they run (threads or turns: the count is the
+same both ways, so the choice never changes results; ``places_rule`` says why);
 ``ExecutionStrategy(torch_threads=...)`` overrides it. One CPU place in one process
 leaves torch's setting alone.
 
@@ -12,6 +14,7 @@ Invariant: ``restore`` puts back the count found before ``apply`` changed it, on
 import torch
 
 from ..core.place import available_cores
+from ..runtime.places_rule import intra_op_threads
 
 __all__ = ["TorchThreads"]
 
@@ -25,10 +28,8 @@ class TorchThreads:
     def wanted(self, places, torch_threads=None, processes=1):
         """The thread count for ``places`` (None: leave torch's); ``processes``: this
         machine's processes of the run (torchrun's ``LOCAL_WORLD_SIZE``)."""
-        share = sum(1 for p in places if not p.is_cuda) * processes
-        if torch_threads is None and share > 1:
-            return max(1, available_cores() // share)
-        return torch_threads
+        cpu = sum(1 for p in places if not p.is_cuda)
+        return intra_op_threads(cpu, available_cores(), processes, torch_threads)
 
     def apply(self, places, torch_threads=None, processes=1):
         """Set torch's thread count as ``wanted`` says, remembering the old one."""

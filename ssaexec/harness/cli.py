@@ -47,12 +47,12 @@ SCHEMA = "ssaexec-bench/1"
 # Presets fill in every setting the command line leaves out.
 PRESETS = {
     # make bench: ResNet-18 on CIFAR-shaped data, < 5 min on 2 CPU cores.
-    # (3 warm-up steps: a ParallelExecutor of several CPU places times its first 3 steps to
-    # choose between its thread pool and the calling thread)
-    "default": dict(model="resnet18", image_size=32, batch_per_place=32, warmup=3, steps=2,
+    # (5 warm-up steps: a ParallelExecutor of several CPU places runs its first 5 steps on
+    # its thread pool and in the calling thread in turn to choose one: runtime.places_rule)
+    "default": dict(model="resnet18", image_size=32, batch_per_place=32, warmup=5, steps=2,
                     repeats=5),
     # make demo: the same model at a quarter of the width, ~30-60 s on 2 CPU cores.
-    "quick": dict(model="resnet18", image_size=32, base=16, batch_per_place=16, warmup=3,
+    "quick": dict(model="resnet18", image_size=32, base=16, batch_per_place=16, warmup=5,
                   steps=3, repeats=2),
     # tests: a tiny MLP, seconds.
     "tiny": dict(model="mlp", in_dim=32, hidden="16", batch_per_place=8, warmup=1, steps=2,
@@ -71,10 +71,10 @@ PRESETS = {
     # --model hf-bert / hf-llama: transformers' models from BERT-tiny / Llama-tiny sized
     # configs (bench/hf_models.py), imported with from_torch, against eager and DDP
     "hf-bert": dict(model="hf-bert", d_model=128, heads=2, layers=2, seq_len=128, vocab=30522,
-                    classes=2, batch_per_place=8, warmup=3, steps=5, repeats=3,
+                    classes=2, batch_per_place=8, warmup=5, steps=5, repeats=3,
                     optimizer="sgd", lr=0.01, modes="ssaexec,torch-eager,torch-ddp"),
     "hf-llama": dict(model="hf-llama", d_model=128, heads=4, layers=2, seq_len=128,
-                     vocab=32000, batch_per_place=8, warmup=3, steps=5, repeats=3,
+                     vocab=32000, batch_per_place=8, warmup=5, steps=5, repeats=3,
                      optimizer="sgd", lr=0.01, modes="ssaexec,torch-eager,torch-ddp"),
 }
 

@@ -17,7 +17,7 @@ The model, resource by resource:
   ONE newly ready node itself and queues the rest (communication first), which an
   idle worker picks up ``Host.hop_s`` later; ``num_threads - 1`` workers serve the
   queue. ``inline`` runs everything in the caller's thread, in the scheduler's
-  stack order. Change the policy there and the replay follows.
+  stack order (``places_rule``'s turns). Change the policy there and the replay follows.
 * **Host and GIL.** An op's launch occupies its thread for ``host_s`` (the
   profile's, else ``Host.op_s``), of which ``Host.gil_fraction`` holds the process's
   one GIL: the places of one process launch one at a time, the places of different
@@ -27,7 +27,8 @@ The model, resource by resource:
   when its launch is done, its stream is free and the kernels it depends on (on any
   stream) have finished; the thread does not wait for it. A CPU place runs its
   kernels on the launching thread (GIL released) on ``threads`` of the cores this
-  process gets of the machine, which its host work also needs.
+  process gets of the machine, which its host work also needs: the executor's
+  intra-op threads (``places_rule.intra_op_threads``, the same in turns and threads).
 * **Shared devices.** GPU places on one device (``CUDAPlace(i, d)`` with the same
   ``d``: ``cuda:0,0``) share its throughput: each op was profiled with the whole
   device to itself, so their kernels, on any of their streams, take turns on one
@@ -63,6 +64,7 @@ from ..core.errors import SSAExecError
 from ..graph.ssa import (AllReduceWaitOpHandle, CollectiveOpHandle, ComputationOpHandle,
                          FetchOpHandle, ScaleLossGradOpHandle)
 from ..graph.handles import FreeOpHandle
+from ..runtime.places_rule import intra_op_threads
 from ..runtime import scheduler
 from ..runtime.fusion import plan_fusion
 from ..runtime.plan import build_plan
@@ -157,7 +159,8 @@ class _Replay:
         cores = max(1, int(share))
         self.slowdown = 1.0 if self.gpu or share >= 1 else 1.0 / share
         self.cores = [_Slot() for _ in range(cores)]
-        torch_threads = max(1, cores // self.P)
+        # the executor's own intra-op threads (places_rule: the same either way)
+        torch_threads = intra_op_threads(self.P, cores) or cores
         self.kernel_cores = min(cores, profile.threads or torch_threads)
         # the profile ran its kernels on kernel_cores cores of an idle machine; the other
         # processes of the node keep as many of its cores busy as this one does

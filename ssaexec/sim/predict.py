@@ -32,6 +32,7 @@ import math
 from ..graph.build import build_ssa_graph
 from ..core.place import CPUPlace, CUDAPlace
 from ..core.strategy import BuildStrategy
+from ..runtime.places_rule import choose
 from .efficiency import interference
 from .engine import simulate_step
 from .input_pipeline import input_cost
@@ -164,15 +165,16 @@ def _step(program, profile, cluster, places, processes, bs, comm=True, cache=Non
 
 
 def _best_threading(program, profile, cluster, places, processes, bs, inline, **kw):
-    # The executor times both ways on its first steps when several CPU places share a
-    # process and keeps the faster (ParallelExecutor._threading_probe); so does this.
+    # The executor runs both ways on its first steps when several CPU places share a
+    # process and keeps the one places_rule.choose picks (execution.threading_probe); so
+    # does this, with the same rule on the replayed steps.
     if inline is not None or cluster.device.is_gpu or places < 2 or \
             kw.get("threads") is not None:
         return _step(program, profile, cluster, places, processes, bs,
                      inline=bool(inline), **kw)
     pool = _step(program, profile, cluster, places, processes, bs, inline=False, **kw)
     alone = _step(program, profile, cluster, places, processes, bs, inline=True, **kw)
-    return alone if alone.step_s < pool.step_s else pool
+    return alone if choose(pool.step_s, alone.step_s).inline else pool
 
 
 def predict(program, profile, cluster, ranks, layout="process-per-gpu", build_strategy=None,

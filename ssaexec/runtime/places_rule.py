@@ -1,0 +1,127 @@
+"""How the places of one process run: threads, or turns in one thread (issue 50).
+
+The two ways. Several CPU places of one process share its cores and its interpreter lock:
+
+* **threads**: the scheduler's pool runs the places' nodes side by side (one thread per
+  place and the caller's, ``runtime.scheduler.default_threads``), so the places' kernels
+  overlap. It pays when kernels are long enough to release the lock for most of a step.
+* **turns**: the caller's thread alone runs every place's nodes, one after another (the
+  scheduler's stack order, ``Scheduler.run(inline=True)``). With launch-bound steps (tiny
+  kernels, the host's Python the bottleneck) the pool's threads only pass the lock back
+  and forth: turns never pay that hand-off.
+
+torch's intra-op threads are the same both ways (``intra_op_threads``: ``cores //
+(CPU places x processes)``, at least 1). Giving turns a lone place's count (every core)
+would leave no core idle while one place's kernels run, but torch's reductions split
+their work by the thread count (a sum over 2**20 floats, seed 0, differs in the last bit
+between 1 and 2 threads), so results would then depend on which way the timing picked,
+and a resumed run could differ from the uninterrupted one. Where the kernels are long
+enough for more threads to pay, threads keep every core busy anyway.
+
+Both ways run the same ops on the same values, so they give bit-identical results; the
+choice changes speed only (``tests/execution/test_places_rule.py``).
+
+The rule (``choose``). Measured, never guessed: a runner's first steps run both ways in
+turn (``PROBE``: one untimed step, then turns and threads alternating, two of each), and
+the way with the faster best step is kept; a tie keeps turns (fewer threads, no hand-off).
+Two samples each, best of two, so that one slow step (a compile under
+``compiler="inductor"``, a burst of load on a shared machine) does not decide. The
+simulator (``sim.predict``) applies the same ``choose`` to its replayed steps of both
+ways, and replays kernels on ``intra_op_threads``.
+
+What neither way can do. One process has one interpreter lock: a launch-bound step of P
+places costs P places' host work whichever way they run, so several places in one process
+deliver at most one place's images/sec there. When the pool gained nothing (``choose``
+says ``host_bound``) only processes overlap the host work: one process per place, the
+torchrun path (``se.distributed``, ``ssaexec bench --modes ssaexec-nproc``). The reason
+line says so.
+
+Not chosen here: one place (nothing to overlap), CUDA places (kernels run on the devices:
+threads; or per-place CUDA graphs, ``ExecutionStrategy(cuda_graph=True)``), a user's
+``ExecutionStrategy(num_threads=...)`` (their choice stands), and a multi-process run's
+executors (threads: each rank's steps are not probed). ``describe`` is the one line
+``ssaexec stats`` prints.
+"""
+
+import dataclasses
+
+__all__ = ["MODES", "PROBE", "PlacesChoice", "chooses", "choose", "intra_op_threads",
+           "describe"]
+
+MODES = ("threads", "turns")
+# the way each of a runner's first steps runs; the first is not timed (it builds and warms
+# up: workers start, the first kernels load)
+PROBE = ("threads", "turns", "threads", "turns", "threads")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacesChoice:
+    """The way the places of one process run, and why.
+
+    ``mode``: "threads" or "turns"; ``times``: the best step seconds of each way that
+    decided it (empty when nothing was measured); ``host_bound``: the pool gained nothing,
+    so only processes would overlap the host work; ``reason``: one line.
+    """
+
+    mode: str
+    reason: str
+    times: dict = dataclasses.field(default_factory=dict)
+    host_bound: bool = False
+
+    @property
+    def inline(self):
+        """Whether the runner runs in the caller's thread alone (``Runner.inline``)."""
+        return self.mode == "turns"
+
+
+def chooses(places, num_threads=None):
+    """Whether the rule chooses for ``places`` (several CPU places, no ``num_threads``)."""
+    return num_threads is None and len(places) >= 2 and not any(p.is_cuda for p in places)
+
+
+def choose(threads_s, turns_s):
+    """The way to keep, from the best step seconds of each (measured or replayed).
+
+    Threads only when strictly faster: on a tie, turns (no hand-off, fewer threads).
+    """
+    times = {"threads": float(threads_s), "turns": float(turns_s)}
+    ms = f"threads {threads_s * 1e3:.3g} ms, turns {turns_s * 1e3:.3g} ms a step"
+    if threads_s < turns_s:
+        return PlacesChoice("threads", f"threads: the places' kernels overlap ({ms})", times)
+    return PlacesChoice("turns", f"turns in one thread: the pool gained nothing, the step is "
+                        f"bound by the interpreter lock ({ms}); one process per place "
+                        f"(torchrun) would overlap the host work", times, host_bound=True)
+
+
+def intra_op_threads(cpu_places, cores, processes=1, torch_threads=None):
+    """torch's intra-op threads while ``cpu_places`` CPU places of a process run, either way.
+
+    ``cores``: the machine's cores this process may use; ``processes``: this machine's
+    processes of the run; ``torch_threads``: the user's count (it wins). None: one place in
+    one process, torch's own count stands. Otherwise >= 1.
+    """
+    if torch_threads is not None:
+        return int(torch_threads)
+    share = cpu_places * processes
+    return max(1, cores // share) if share > 1 else None
+
+
+def describe(places, processes=1, num_threads=None, torch_threads=None, cores=None):
+    """One line: how ``places`` of one process run, and why (``ssaexec stats``)."""
+    from ..core.place import available_cores
+    cores = cores or available_cores()
+    n = len(places)
+    if any(p.is_cuda for p in places):
+        return (f"{n} CUDA place(s): threads (kernels run on the devices; "
+                f"ExecutionStrategy(cuda_graph=True) replays each place's step instead)")
+    if n == 1:
+        return "1 CPU place: runs in the caller's thread, torch's intra-op threads as set"
+    if num_threads is not None:
+        return f"{n} CPU places: {num_threads} scheduler thread(s), as the strategy says"
+    each = intra_op_threads(n, cores, processes, torch_threads)
+    if processes > 1:  # ParallelExecutor probes in one process only
+        return (f"{n} CPU places in each of {processes} processes: threads ({each} intra-op "
+                f"thread(s) each; a multi-process run is not probed)")
+    return (f"{n} CPU places: threads or turns in one thread ({each} intra-op thread(s) "
+            f"each), the faster on the first steps; launch-bound steps gain from neither "
+            f"(one lock), one process per place does")

@@ -1,0 +1,178 @@
+"""How the places of one process run (``runtime.places_rule``), its probe and its users.
+
+No test reads a clock: the rule is fed step times, the probe's steps are counted, and the
+ways are compared by their results (bit for bit) and torch's thread count.
+"""
+
+import torch
+
+import ssaexec as se
+from ssaexec.core.place import available_cores
+from ssaexec.runtime import places_rule
+from ssaexec.execution.threading_probe import ThreadingProbe, ThreadingProbes
+from ssaexec.program.example_models import build_mlp, make_optimizer
+
+
+def _mlp():
+    return build_mlp("float32", make_optimizer("momentum", 0.1), in_dim=6, hidden=(5,),
+                     classes=3)
+
+
+def _feed(k):
+    g = torch.Generator().manual_seed(k)
+    return {"img": torch.randn(4, 6, generator=g),
+            "label": torch.randint(0, 3, (4, 1), generator=g)}
+
+
+# --- the rule ---------------------------------------------------------------------------
+def test_threads_are_kept_only_when_faster_and_a_tie_takes_turns():
+    fast = places_rule.choose(threads_s=0.001, turns_s=0.002)
+    assert fast.mode == "threads" and not fast.inline and not fast.host_bound
+    assert fast.times == {"threads": 0.001, "turns": 0.002}
+    slow = places_rule.choose(threads_s=0.003, turns_s=0.002)
+    assert slow.mode == "turns" and slow.inline and slow.host_bound
+    assert "one process per place" in slow.reason
+    assert places_rule.choose(0.002, 0.002).mode == "turns"
+
+
+def test_the_rule_chooses_for_several_cpu_places_only():
+    assert places_rule.chooses(se.cpu_places(2))
+    assert not places_rule.chooses(se.cpu_places(1))
+    assert not places_rule.chooses(se.cpu_places(2), num_threads=3)
+    assert not places_rule.chooses([se.CUDAPlace(0), se.CUDAPlace(1)])
+
+
+def test_intra_op_threads_divide_the_cores_alike_both_ways():
+    assert places_rule.intra_op_threads(1, 8) is None  # one place: torch's own count
+    assert places_rule.intra_op_threads(2, 8) == 4
+    assert places_rule.intra_op_threads(2, 8, processes=2) == 2
+    assert places_rule.intra_op_threads(4, 2) == 1  # never 0
+    assert places_rule.intra_op_threads(2, 8, torch_threads=3) == 3
+
+
+def test_describe_says_how_places_run_and_why():
+    assert "threads or turns" in places_rule.describe(se.cpu_places(2), cores=4)
+    assert "2 intra-op" in places_rule.describe(se.cpu_places(2), cores=4)
+    assert "not probed" in places_rule.describe(se.cpu_places(2), processes=2, cores=4)
+    assert "caller's thread" in places_rule.describe(se.cpu_places(1))
+    assert "as the strategy says" in places_rule.describe(se.cpu_places(2), num_threads=1)
+    assert "CUDA" in places_rule.describe([se.CUDAPlace(0)])
+
+
+# --- the probe --------------------------------------------------------------------------
+class _Runner:
+    """What a probe touches of a runner: ``inline``, and a lowering's ``switches``."""
+
+    class _Lowering:
+        switches = ()
+
+    def __init__(self):
+        self.inline = False
+        self.lowering = self._Lowering()
+
+
+def _probe_steps(probes, runner, times):
+    ways = []
+    for t in times:
+        probe = probes.before(runner, None)
+        ways.append("turns" if runner.inline else "threads")
+        if probe is not None:
+            probe.record(runner, t)
+    return ways
+
+
+def test_the_probe_runs_both_ways_twice_and_one_slow_step_does_not_decide():
+    probes = ThreadingProbes(se.cpu_places(2))
+    runner = _Runner()
+    # step 2 (the first turns) is a compile: 100x; the second turns step decides
+    ways = _probe_steps(probes, runner, [9.0, 100.0, 2.0, 1.0, 2.0, 7.0, 7.0])
+    assert ways[:5] == list(places_rule.PROBE)
+    assert ways[5:] == ["turns", "turns"]
+    choice = probes.choice(runner)
+    assert choice.mode == "turns" and choice.times == {"threads": 2.0, "turns": 1.0}
+
+
+def test_a_tier_switch_probes_again():
+    probes = ThreadingProbes(se.cpu_places(2))
+    runner = _Runner()
+    _probe_steps(probes, runner, [1.0, 1.0, 2.0, 1.0, 2.0])
+    assert probes.choice(runner).mode == "turns"
+    runner.lowering.switches = [(5, 1.0)]  # compiler="auto" switched to compiled graphs
+    ways = _probe_steps(probes, runner, [1.0, 3.0, 1.0, 3.0, 1.0, 1.0])
+    assert ways == list(places_rule.PROBE) + ["threads"]
+    assert probes.choice(runner).mode == "threads"
+
+
+def test_no_probe_for_one_place_or_a_chosen_thread_count():
+    runner = _Runner()
+    assert ThreadingProbes(se.cpu_places(1)).before(runner, None) is None
+    assert ThreadingProbes(se.cpu_places(2)).before(runner, 3) is None
+    assert ThreadingProbe.SCHEDULE == tuple(m == "turns" for m in places_rule.PROBE)
+
+
+# --- every way gives the same results, on the same torch threads ------------------------
+def _train(strategy, steps=7):
+    main, startup, loss = _mlp()
+    before = torch.get_num_threads()
+    pe = se.ParallelExecutor(se.cpu_places(2), main, startup, loss, exec_strategy=strategy,
+                             scope=se.Scope())
+    threads, ways = [], []
+    try:
+        for k in range(steps):
+            pe.run([loss], feed=_feed(k))
+            threads.append(torch.get_num_threads())
+            ways.append(pe._runner((loss,)).inline)
+        params = {(v.name, i): pe.get_var(v.name, i)
+                  for v in main.global_block().vars.values() if v.persistable
+                  for i in range(2)}
+    finally:
+        pe.close()
+    assert torch.get_num_threads() == before  # restored
+    return params, set(threads), ways
+
+
+def test_turns_threads_and_the_probe_give_bit_identical_results_on_one_thread_count():
+    cores = available_cores()
+    want = {places_rule.intra_op_threads(2, cores)}
+    turns, t1, w1 = _train(se.ExecutionStrategy(num_threads=1))
+    pool, t2, w2 = _train(se.ExecutionStrategy(num_threads=3))
+    probed, t3, w3 = _train(se.ExecutionStrategy())
+    assert t1 == t2 == t3 == want  # the way never changes torch's thread count
+    # after each probe step but the last, the way it ran; then the way kept
+    assert w3[:4] == [m == "turns" for m in places_rule.PROBE[:4]]
+    assert w1 == w2 == [False] * 7  # a chosen num_threads is never probed
+    assert len(turns) > 4
+    for name, value in turns.items():
+        assert torch.equal(value, pool[name]), name
+        assert torch.equal(value, probed[name]), name
+
+
+def _replays(device_us, host_us, hop_us=20):
+    import importlib
+    from ssaexec.sim import Cluster, Device, Host, Link, OpCost, Profile, op_key
+    predict = importlib.import_module("ssaexec.sim.predict")  # the module, not the function
+    main, _, _ = _mlp()
+    cluster = Cluster("cpu-test", 1024, Device("cpu", "test"),
+                      Host(cores=8, op_s=0.0, hop_s=hop_us * 1e-6, step_s=0.0, node_s=0.0,
+                           gil_fraction=1.0),
+                      Link(1e9, 0.0), Link(1e9, 0.0), local_sum=(0.0, 1e9))
+    bs = se.BuildStrategy()
+    graph = predict.build_graph(main, cluster, 2, 1, bs, predict._fetch(main))
+    profile = Profile({op_key(h): OpCost(device_us * 1e-6, host_us * 1e-6)
+                       for h in graph.ops}, batch=4, device="cpu", threads=1)
+    kw = dict(compiled=False, cuda_graph=False, algorithm="auto", threads=None, cache={})
+    best = predict._best_threading(main, profile, cluster, 2, 1, bs, None, **kw)
+    pool = predict._step(main, profile, cluster, 2, 1, bs, inline=False, **kw)
+    alone = predict._step(main, profile, cluster, 2, 1, bs, inline=True, **kw)
+    return best, pool, alone
+
+
+def test_the_simulator_keeps_the_way_the_rule_picks():
+    # long kernels (GIL released): the places overlap on threads
+    best, pool, alone = _replays(device_us=500, host_us=1)
+    assert pool.step_s < alone.step_s and not best.inline
+    assert best.step_s == pool.step_s
+    # launch-bound (host time under the lock only): the hand-offs lose, turns win
+    best, pool, alone = _replays(device_us=0.1, host_us=20, hop_us=100)
+    assert alone.step_s < pool.step_s and best.inline and best.step_s == alone.step_s
+    assert places_rule.choose(pool.step_s, alone.step_s).host_bound
