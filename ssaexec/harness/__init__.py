@@ -26,7 +26,10 @@ The package, one concept a module:
 * ``ddp``: the ``torch-ddp`` peer (one process per place);
 * ``worker``: worker processes, the line protocol, the torchrun worker;
 * ``report``: figures per run, comparisons, table, plot, machine description;
-* ``cli``: options, settings, the plan, the run (``add_arguments``, ``run``, ``main``).
+* ``cli``: options, settings, the plan, the run (``add_arguments``, ``run``, ``main``);
+* ``zero_peers``: ZeRO against FSDP2, each side a group of gloo processes
+  (``bench/zero_vs_fsdp.py``, ``bench/zero_memory.py``);
+* ``place_memory``: tensor bytes by kind in each place's scope, at every op of a step.
 """
 
 from .cli import MODES, PRESETS, SCHEMA, add_arguments, main, run
