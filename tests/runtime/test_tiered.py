@@ -168,3 +168,36 @@ def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path)
     assert "switches [2]" in run("wait")
     # no wait here: the graphs are expected in the cache, so step 3's boundary loads them
     assert "switches [2] ran {'straight': 2, 'compiled': 2}" in run("go")
+
+
+@pytest.mark.slow  # a worker process's start and a cold compile: 10-25 s on 2 cores
+def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeypatch):
+    """The compile proper runs in the worker process; this process's compile of the same
+    (portable) graph is then a hit in Inductor's on-disk cache, and computes the same."""
+    from torch._dynamo.utils import counters
+
+    from ssaexec.core import compat
+    from ssaexec.runtime.compile_worker import CompileWorker, portable
+    from ssaexec.runtime.inductor import compile_graph
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the worker inherits it
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    gm = portable(compat.make_fx(lambda a, b: ((a * b + 1).relu(),))(x, y))
+    worker = CompileWorker()
+    try:
+        assert worker.compile(gm, [x, y]) is None
+    finally:
+        worker.close()
+    assert worker.compile(gm, [x, y]) == "the compile worker is closed"  # never restarted
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    fn, _ = compile_graph(gm, [x, y])
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    assert torch.equal(fn(x, y)[0], (x * y + 1).relu())
+
+
+def test_a_graph_that_cannot_reach_the_worker_is_compiled_here():
+    from ssaexec.runtime.compile_worker import CompileWorker
+    worker = CompileWorker()
+    # a graph that does not pickle: the worker is not used again, the caller compiles
+    why = worker.compile(lambda: None, [])
+    assert why.startswith("the compile worker failed (") and worker.proc is None
+    assert worker.compile(None, []) == why
