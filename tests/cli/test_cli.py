@@ -417,6 +417,16 @@ def test_stats_text(cli):
         assert word in res.out, word
 
 
+def test_stats_says_how_the_places_of_a_process_run(cli):
+    # runtime.places_rule.describe: one line, threads or turns and why
+    res = cli(["stats", example("seed_mlp.ssa"), "--places", "cpu:2"])
+    assert res.status == 0, res
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("places run"))
+    assert "threads or turns in one thread" in line and "one process per place" in line
+    res = cli(["stats", example("seed_mlp.ssa"), "--places", "cpu:1", "--format", "json"])
+    assert "caller's thread" in json.loads(res.out)["places_mode"]
+
+
 def _hand_built():
     # place 0: a -> (b, c) -> d -> e ; place 1: f alone
     g = SSAGraph(Program(), se.cpu_places(2), se.BuildStrategy())
