@@ -107,6 +107,11 @@ class OpHandle:
     # (``runtime.scheduler.comm_first``): collectives, so communication overlaps compute,
     # and ZeRO's frees, so memory comes back as soon as it may
     urgent = False
+    # True: moves no data and runs no kernel (ZeRO's frees): on the compiled path, when
+    # it waits for a collective its place's open segment does not follow, it is a node
+    # of its own rather than the start of a new segment, so the compute after it does
+    # not wait for that collective (``runtime.node_graph``)
+    bookkeeping = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -502,6 +507,7 @@ class FreeOpHandle(_OnePlace):
     kind = "free"
     color = "#e5e7eb"
     urgent = True
+    bookkeeping = True
 
     def __init__(self, var_names, place, place_idx):
         super().__init__()

@@ -23,7 +23,8 @@ The partition, with ``segments``:
    one starts before a handle that waits for a collective the run does not
    already follow, except that a place's optimizer updates stay one run waiting
    for all their collectives (so they fuse, as ``torch.optim`` steps after the
-   backward pass). A collective of one place in one process does nothing and
+   backward pass), and that a bookkeeping handle (ZeRO's free) waiting for such a
+   collective becomes a node of its own (the compute after it need not wait). A collective of one place in one process does nothing and
    cuts nothing (``noop_collectives``), so a one-place step is one segment.
    Every external edge then enters a segment at its start and leaves at its
    end, so the node graph is acyclic whenever the SSA graph is.
@@ -264,6 +265,13 @@ def _segments(graph, noop_collectives, atomic, late, order):
         needs = {p.id for p in h.producers() if p.id in multi}
         commit = atomic and h.id in late
         seg = current.get(pi)
+        if h.bookkeeping and needs and (seg is None or not needs <= seg.after_collectives):
+            # a free after a collective: a node of its own, so what follows on this
+            # place does not wait for the collective (ZeRO's reduce-scatters)
+            node = HandleNode(h, commit)
+            nodes.append(node)
+            node_of[h.id] = node
+            continue
         updating = h.section() == "optimize"
         if seg is not None and seg.commit == commit and not needs <= seg.after_collectives \
                 and updating and updates_only[pi]:

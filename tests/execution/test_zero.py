@@ -294,3 +294,23 @@ def test_stage3_under_inductor_compiles_every_segment_and_equals_the_plain_run()
     assert "FreeOpHandle" in kinds
     assert losses == pytest.approx(ref_losses, abs=1e-10)
     assert _max_diff(ref, got) <= 1e-10
+
+
+def test_a_free_after_a_reduce_scatter_keeps_backward_from_waiting_for_it():
+    main, startup, loss = _model("mlp", opt="adamw")
+    # (a zero_prefetch beyond the model's depth: no back-pressure edge either)
+    with se.ParallelExecutor(se.cpu_places(2), main, startup, loss,
+                             se.BuildStrategy(zero_stage=2, zero_prefetch=100),
+                             scope=se.Scope()) as pe:
+        runner = pe._runner((loss,))
+    nodes = runner.nodes
+    frees = [n for n in nodes if n.handles[0].bookkeeping and len(n.handles) == 1
+             and not hasattr(n, "lowered")]
+    assert len(frees) == 2 * 6  # each gradient's free on each place: a node of its own
+    for seg in runner.segments:
+        assert not isinstance(seg.handles[0], FreeOpHandle)
+        # a segment of backward compute starts after no reduce-scatter
+        if all(getattr(h, "op", None) is not None and h.op.role == "backward"
+               for h in seg.handles):
+            assert not any(isinstance(p.handles[0], ReduceScatterOpHandle)
+                           for p in seg.producers() if len(p.handles) == 1)
