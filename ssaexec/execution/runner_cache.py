@@ -82,7 +82,8 @@ class RunnerCache:
         if compiler == "auto":
             why = straight_reason(self.places, self.build_strategy, self.exec_strategy)
             if why is not None:
-                say_straight(why)
+                if self.build_strategy.trainer_id == 0:  # once, not once per rank
+                    say_straight(why)
                 compiler = None
         build = self.build_strategy.for_compiler(compiler)
         graph = build_ssa_graph(program, self.places, build, list(fetch))
