@@ -469,8 +469,15 @@ class ParallelExecutor:
         if layout is None:
             return ()
         block = self.run_program.global_block()
+        grads = {sp.grad for sp in layout} if layout.stage >= 2 else ()
         out = []
         for name in fetch:
+            if name in grads:
+                raise SSAExecError(
+                    f"cannot fetch {name!r} under zero_stage={layout.stage}: each place "
+                    "frees the whole gradient after its reduce-scatter and keeps its "
+                    f"slice of the sum only (fetch {name + '@SHARD'!r}, per place with "
+                    "return_merged=False)")
             if layout.sharded(name) is not None:
                 var = block.find_var(name)
                 if var is None or not var.persistable:

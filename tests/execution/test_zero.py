@@ -175,6 +175,11 @@ def test_sharded_vars_are_fetched_read_and_written_whole():
         new = torch.arange(w.numel(), dtype=w.dtype).reshape(w.shape)
         pe.set_var("fc_0.w_0", new)
         assert torch.equal(pe.get_var("fc_0.w_0"), new)
+        with pytest.raises(se.SSAExecError, match="cannot fetch 'fc_0.w_0@GRAD' under "
+                                                  "zero_stage=3"):
+            pe.run(["fc_0.w_0@GRAD"], feed=feed)
+        part, = pe.run(["fc_0.w_0@GRAD@SHARD"], feed=feed, return_merged=False)
+        assert [p.numel() for p in part] == [sp.shard_size] * 4
 
 
 def test_ops_that_read_every_gradient_are_refused_from_stage_2():
