@@ -7,7 +7,8 @@ spawned gloo processes training the same seeded model on the same batch (each pr
 its own ``batch_per_place`` samples) with AdamW:
 
 * the peer, ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every encoder layer, then
-  on the root (``reshard_after_forward=True``, FSDP2's default), eager;
+  on the root (``reshard_after_forward`` as it comes: the layers reshard, the root keeps
+  its parameters from forward to backward), eager;
 * ``ssaexec-zero3``: ``BuildStrategy(zero_stage=3)``, ``compiler=None``, one CPU place a
   process; ``ssaexec-zero3-inductor``: the same with ``compiler="inductor"``.
 
