@@ -7,7 +7,7 @@ processes:
 * ``fsdp2``: the twin under PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard`` on
   every encoder layer and then on the root (per-layer, as FSDP2 is meant to be used),
   ``reshard_after_forward`` as it comes (None: True for the layers, False for the root),
-  ``torch.optim.AdamW`` (foreach) on the DTensor shards;
+  ``torch.optim.AdamW`` on the DTensor shards (its default implementation on CPU);
 * ``ddp-zero1``: the twin under ``DistributedDataParallel`` with
   ``ZeroRedundancyOptimizer`` (the stage-1 peer);
 * ``ddp``: plain DDP (the unsharded reference);
