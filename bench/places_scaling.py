@@ -1,0 +1,178 @@
+"""Several places in one process against one place and DDP (issue 50: places never cost).
+
+``python bench/places_scaling.py [--models transformer,hf-llama,quick] [--compilers none,inductor]
+[--rounds 5] [--no-harness] [--json FILE]``
+
+Two parts, each paired (the ways alternate window by window, in one run):
+
+1. **In one process** (``ways``): for each model's preset and compiler, trainers of one
+   place and of two places built side by side in this process, their timed windows
+   alternating round by round: ``1 place``, ``2 places`` as the executor runs them
+   (``runtime.places_rule``: threads or turns, picked on its first steps; the pick and its
+   reason are printed), and two places forced onto the pool's ``threads``
+   (``ExecutionStrategy(num_threads=3)``) and onto ``turns`` in one thread
+   (``num_threads=1``). Every trainer gets the torch threads the harness gives it
+   (``ssaexec bench``: the preset's, else every core; the executor divides them among its
+   places). Images/sec: median over rounds; ratios against ``1 place``.
+2. **Against processes** (``harness``): ``ssaexec bench`` for the same preset with modes
+   ``ssaexec``, ``torch-ddp`` and ``ssaexec-nproc`` (one process per place, torchrun) on
+   1 and 2 places, interleaved by the harness: 2 places in one process against 1 place,
+   against DDP with 2 processes, and ssaexec's own 2 processes.
+
+The acceptance of issue 50: ``2 places / 1 place >= 1.0`` and ``2 places / DDP 2 >= 1.0``.
+Use a quiet machine: on a loaded one, torch's intra-op threads spin against other
+processes and every figure with more than one thread collapses.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MODELS = ("transformer", "hf-llama", "quick")
+WAYS = ("1 place", "2 places", "2 threads", "2 turns")
+
+
+def _settings(model):
+    from ssaexec.harness import cli
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    return cli.settings(ap.parse_args(["--quick"] if model == "quick" else ["--model", model]))
+
+
+def _trainer(s, places, num_threads, compiler):
+    """A ``ParallelTrainer`` of the preset ``s`` on ``places`` CPU places."""
+    import ssaexec as se
+    from ssaexec.harness import runners
+    from ssaexec.harness.workloads import IMPORTED
+
+    base = runners.FromTorchTrainer if compiler and s["model"] not in IMPORTED \
+        else runners.ParallelTrainer
+
+    class Trainer(base):
+        def __init__(self, cfg):
+            self.compiler = compiler
+            strategy = se.ExecutionStrategy
+            # the way forced (num_threads), or the executor's rule (None)
+            se.ExecutionStrategy = lambda **kw: strategy(num_threads=num_threads, **kw)
+            try:
+                super().__init__(cfg)
+            finally:
+                se.ExecutionStrategy = strategy
+
+    return Trainer({"mode": "ssaexec", "places": places, "device": "cpu", "settings": s})
+
+
+def ways(model, compiler, rounds):
+    """Part 1: the ways of two places against one place, paired in this process."""
+    import torch
+    from ssaexec.core.place import available_cores
+    s = _settings(model)
+    threads = s.get("torch_threads") or available_cores()
+    spec = {"1 place": (1, None), "2 places": (2, None), "2 threads": (2, 3),
+            "2 turns": (2, 1)}
+    trainers = {}
+    for way, (places, nt) in spec.items():
+        torch.set_num_threads(threads)  # as the harness's worker does
+        t = trainers[way] = _trainer(s, places, nt, compiler)
+        for _ in range(s["warmup"] + (2 if compiler else 0)):  # the probe's steps included
+            t.step()
+    ips = {w: [] for w in WAYS}
+    for r in range(rounds):
+        order = WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]
+        for way in order:
+            t = trainers[way]
+            t0 = time.perf_counter()
+            for _ in range(s["steps"]):
+                t.step()
+            ips[way].append(spec[way][0] * s["batch_per_place"] * s["steps"]
+                            / (time.perf_counter() - t0))
+    pe = trainers["2 places"].pe
+    choice = pe._probes.choice(pe._runner((trainers["2 places"].loss,)))
+    out = {"model": model, "compiler": compiler, "torch_threads": threads,
+           "images_per_sec": ips,
+           "median": {w: statistics.median(v) for w, v in ips.items()},
+           "choice": None if choice is None else {"mode": choice.mode,
+                                                  "reason": choice.reason}}
+    one = out["median"]["1 place"]
+    out["vs_1_place"] = {w: m / one for w, m in out["median"].items()}
+    out["paired_vs_1_place"] = {w: statistics.median(a / b for a, b in
+                                                     zip(ips[w], ips["1 place"]))
+                                for w in WAYS}
+    for t in trainers.values():
+        t.close()
+    return out
+
+
+def harness(model):
+    """Part 2: ``ssaexec bench`` with DDP and ssaexec's own processes, on 1 and 2 places."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.json")
+        args = [sys.executable, "-m", "ssaexec", "bench",
+                *(["--quick"] if model == "quick" else ["--model", model]),
+                "--modes", "ssaexec,torch-ddp,ssaexec-nproc", "--place-counts", "1,2",
+                "--places", "cpu:2", "--nproc", "2", "--out-dir", tmp, "--json", path]
+        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        if res.returncode != 0:
+            return {"model": model, "error": res.stderr[-2000:]}
+        with open(path) as f:
+            data = json.load(f)
+    by = {(r["mode"], r["places"]): r.get("images_per_sec_median")
+          for r in data["runs"] if r.get("error") is None}
+    one = by.get(("ssaexec", 1))
+
+    def ratio(a, b):
+        return by[a] / by[b] if by.get(a) and by.get(b) else None
+    return {"model": model, "images_per_sec": {f"{m}@{p}": v for (m, p), v in by.items()},
+            "ssaexec 2 / 1": ratio(("ssaexec", 2), ("ssaexec", 1)),
+            "ssaexec 2 / torch-ddp 2": ratio(("ssaexec", 2), ("torch-ddp", 2)),
+            "ssaexec-nproc 2 / ssaexec 1": (by.get(("ssaexec-nproc", 2)) or 0) / one
+            if one else None,
+            "machine": data.get("machine")}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--compilers", default="none",
+                    help="comma list of none, inductor, auto (ExecutionStrategy(compiler=))")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-harness", action="store_true", help="part 1 only")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        ap.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
+    compilers = [None if c == "none" else c for c in args.compilers.split(",") if c]
+    result = {"ways": [], "harness": []}
+    for model in models:
+        for compiler in compilers:
+            r = ways(model, compiler, args.rounds)
+            result["ways"].append(r)
+            print(f"{model} compiler={compiler} torch_threads={r['torch_threads']}: "
+                  + ", ".join(f"{w} {r['median'][w]:.1f} img/s "
+                              f"({r['paired_vs_1_place'][w]:.2f}x)" for w in WAYS), flush=True)
+            if r["choice"]:
+                print(f"  the rule kept {r['choice']['mode']}: {r['choice']['reason']}",
+                      flush=True)
+        if not args.no_harness:
+            h = harness(model)
+            result["harness"].append(h)
+            print(f"{model} harness: " + json.dumps({k: v for k, v in h.items()
+                                                      if k != "machine"}), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
