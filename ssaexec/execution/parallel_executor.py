@@ -442,10 +442,12 @@ class ParallelExecutor:
                 fetched = graphs.run(per_place, bind, self.exec_strategy.sync)
             else:
                 probe = self._probes.before(runner, self.exec_strategy.num_threads)
-                t0 = time.perf_counter()
-                fetched = runner.run(self.exec_strategy.sync)
-                if probe is not None:
-                    probe.record(runner, time.perf_counter() - t0)
+                if probe is None:
+                    fetched = runner.run(self.exec_strategy.sync)
+                else:  # wall and CPU time of a probed step (places_rule)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    fetched = runner.run(self.exec_strategy.sync)
+                    probe.record(runner, time.perf_counter() - t0, time.process_time() - c0)
             ok = True
         except BaseException:
             forget_feeds(self.program, self.local_scopes, per_place, replaced)

@@ -15,6 +15,7 @@ Invariant: one ``ThreadingProbe`` per runner and tier, made on its first step th
 done after ``len(places_rule.PROBE)`` steps; a done probe sets only the runner's way.
 """
 
+from ..core.place import available_cores
 from ..runtime import places_rule
 
 __all__ = ["ThreadingProbe", "ThreadingProbes"]
@@ -27,12 +28,13 @@ class ThreadingProbe:
     runner keeps the way ``places_rule.choose`` picked (``choice``).
     """
 
-    __slots__ = ("k", "times", "done", "choice", "epoch")
+    __slots__ = ("k", "times", "cpu", "done", "choice", "epoch")
     SCHEDULE = tuple(m == "turns" for m in places_rule.PROBE)  # inline? for steps 1..n
 
     def __init__(self, epoch=0):
         self.k = 0
         self.times = {m: [] for m in places_rule.MODES}
+        self.cpu = {m: [] for m in places_rule.MODES}  # the process's CPU seconds, alike
         self.done = False
         self.choice = None  # places_rule.PlacesChoice, once done
         self.epoch = epoch  # the runner's tier switches when the probe began
@@ -45,13 +47,18 @@ class ThreadingProbe:
     def before(self, runner):
         runner.inline = self.mode == "turns"
 
-    def record(self, runner, seconds):
+    def record(self, runner, seconds, cpu_seconds=None):
+        """The step just run took ``seconds`` (and ``cpu_seconds`` of the process's CPU)."""
         if self.k > 0:
-            self.times[places_rule.PROBE[self.k]].append(seconds)
+            way = places_rule.PROBE[self.k]
+            self.times[way].append(seconds)
+            self.cpu[way].append(cpu_seconds)
         self.k += 1
         if self.k == len(places_rule.PROBE):
-            self.choice = places_rule.choose(min(self.times["threads"]),
-                                             min(self.times["turns"]))
+            threads = self.times["threads"]
+            best = threads.index(min(threads))
+            self.choice = places_rule.choose(min(threads), min(self.times["turns"]),
+                                             self.cpu["threads"][best], available_cores())
             runner.inline = self.choice.inline
             self.done = True
 

@@ -31,10 +31,12 @@ ways, and replays kernels on ``intra_op_threads``.
 
 What neither way can do. One process has one interpreter lock: a launch-bound step of P
 places costs P places' host work whichever way they run, so several places in one process
-deliver at most one place's images/sec there. When the pool gained nothing (``choose``
-says ``host_bound``) only processes overlap the host work: one process per place, the
-torchrun path (``se.distributed``, ``ssaexec bench --modes ssaexec-nproc``). The reason
-line says so.
+deliver at most one place's images/sec there. The probe also takes the process's CPU
+time of the threads steps: when the pool lost and kept fewer than ``LOCK_BOUND_CORES``
+cores busy, the lock is the limit (``host_bound``), and only processes overlap the host
+work: one process per place, the torchrun path (``se.distributed``, ``ssaexec bench
+--modes ssaexec-nproc``). When it kept more busy, the cores are the limit (a loaded
+machine, or kernels that fill them). The reason line says which.
 
 Not chosen here: one place (nothing to overlap), CUDA places (kernels run on the devices:
 threads; or per-place CUDA graphs, ``ExecutionStrategy(cuda_graph=True)``), a user's
@@ -45,13 +47,15 @@ executors (threads: each rank's steps are not probed). ``describe`` is the one l
 
 import dataclasses
 
-__all__ = ["MODES", "PROBE", "PlacesChoice", "chooses", "choose", "intra_op_threads",
+__all__ = ["MODES", "PROBE", "LOCK_BOUND_CORES", "PlacesChoice", "chooses", "choose", "intra_op_threads",
            "describe"]
 
 MODES = ("threads", "turns")
 # the way each of a runner's first steps runs; the first is not timed (it builds and warms
 # up: workers start, the first kernels load)
 PROBE = ("threads", "turns", "threads", "turns", "threads")
+# fewer cores than this busy on threads: the pool's threads mostly waited for the lock
+LOCK_BOUND_CORES = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +63,9 @@ class PlacesChoice:
     """The way the places of one process run, and why.
 
     ``mode``: "threads" or "turns"; ``times``: the best step seconds of each way that
-    decided it (empty when nothing was measured); ``host_bound``: the pool gained nothing,
-    so only processes would overlap the host work; ``reason``: one line.
+    decided it (empty when nothing was measured); ``host_bound``: the pool gained nothing
+    and kept about one core busy (the lock is the limit), so only processes would overlap
+    the host work; ``reason``: one line.
     """
 
     mode: str
@@ -79,18 +84,32 @@ def chooses(places, num_threads=None):
     return num_threads is None and len(places) >= 2 and not any(p.is_cuda for p in places)
 
 
-def choose(threads_s, turns_s):
+def choose(threads_s, turns_s, threads_cpu_s=None, cores=None):
     """The way to keep, from the best step seconds of each (measured or replayed).
 
     Threads only when strictly faster: on a tie, turns (no hand-off, fewer threads).
+    ``threads_cpu_s``: the process's CPU seconds in the threads step timed
+    ``threads_s`` (every thread's, torch's included), and ``cores`` the cores it may use:
+    when the pool lost and kept less than ``LOCK_BOUND_CORES`` cores busy on a machine of
+    two or more, the interpreter lock is the limit (``host_bound``), and processes would
+    overlap what one process cannot.
     """
     times = {"threads": float(threads_s), "turns": float(turns_s)}
     ms = f"threads {threads_s * 1e3:.3g} ms, turns {turns_s * 1e3:.3g} ms a step"
     if threads_s < turns_s:
         return PlacesChoice("threads", f"threads: the places' kernels overlap ({ms})", times)
-    return PlacesChoice("turns", f"turns in one thread: the pool gained nothing, the step is "
-                        f"bound by the interpreter lock ({ms}); one process per place "
-                        f"(torchrun) would overlap the host work", times, host_bound=True)
+    busy = threads_cpu_s / threads_s if threads_cpu_s is not None and threads_s > 0 else None
+    if busy is None:
+        why = ("the places' host work holds one interpreter lock, or their kernels find "
+               "no free core")
+    else:
+        ms += f"; on threads the process kept {busy:.1f} cores busy"
+        why = ("the interpreter lock is the limit: one process per place (torchrun) would "
+               "overlap the host work" if busy < LOCK_BOUND_CORES and (cores or 2) >= 2
+               else "the cores are the limit, not the lock")
+    bound = busy is not None and busy < LOCK_BOUND_CORES and (cores or 2) >= 2
+    return PlacesChoice("turns", f"turns in one thread: the pool gained nothing ({ms}); {why}",
+                        times, host_bound=bound)
 
 
 def intra_op_threads(cpu_places, cores, processes=1, torch_threads=None):
