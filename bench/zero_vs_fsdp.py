@@ -29,8 +29,10 @@ means the side trains faster (throughput ratio).
 
 Memory (the same measure for every side, ``zero_peers``' docstring): per process, the
 peak resident memory from the end of set-up to the end of the run minus the resident
-memory before the model (``training_mb``), and the tensor bytes held between steps
-(``state_mb``); the table shows the largest process's.
+memory before the model (``training_mb``, the figure compared), what the steps added to
+the built model (``steps_mb``: the same peak minus the resident memory after set-up),
+and the tensor bytes held between steps (``state_mb``); the table shows the largest
+process's.
 
 A side that fails (e.g. a ZeRO stage the executor does not support yet) is reported with
 its error and the others go on. Writes JSON (``--json``, default
@@ -100,7 +102,9 @@ def _log(msg):
 def _memory_summary(ranks):
     """The largest process's figures (MiB), and every rank's raw dict."""
     training = [r["step_peak_rss_mb"] - r["baseline_rss_mb"] for r in ranks]
-    out = {"training_mb": max(training), "step_peak_rss_mb": max(r["step_peak_rss_mb"]
+    steps = [r["step_peak_rss_mb"] - r["after_setup_rss_mb"] for r in ranks]
+    out = {"training_mb": max(training), "steps_mb": max(steps),
+           "step_peak_rss_mb": max(r["step_peak_rss_mb"]
                                                                  for r in ranks),
            "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
            "state_mb": max(r["state_mb"] for r in ranks), "ranks": ranks}
@@ -201,8 +205,8 @@ def table(out):
              f"{s['optimizer']}, {out['threads']} thread(s) a process, "
              f"{s['repeats']} rounds x {s['steps']} steps",
              f"{'side':<26}{'ms/step':>9}{'x peer':>8}{'paired':>8}{'train MiB':>11}"
-             f"{'x peer':>8}{'state MiB':>11}{'tensors MiB':>12}{'setup s':>9}"
-             f"{'1st loss':>10}"]
+             f"{'x peer':>8}{'steps MiB':>11}{'state MiB':>11}{'tensors MiB':>12}"
+             f"{'setup s':>9}{'1st loss':>10}"]
     for side, res in out["sides"].items():
         if res["status"] != "ok" or "median_step_s" not in res:
             err = (res.get("error") or "no timed window").strip().splitlines()[-1]
@@ -218,7 +222,7 @@ def table(out):
                      f"{f(r.get('throughput_x_peer_paired'), '.2f') if r else '':>8}"
                      f"{f(mem.get('training_mb'), '.1f'):>11}"
                      f"{f(r.get('training_mb_x_peer'), '.2f') if r else '':>8}"
-                     f"{f(mem.get('state_mb'), '.1f'):>11}"
+                     f"{f(mem.get('steps_mb'), '.1f'):>11}{f(mem.get('state_mb'), '.1f'):>11}"
                      f"{f(mem.get('tensor_peak_total_mb'), '.1f'):>12}{res['setup_s']:>9.1f}"
                      f"{f(res.get('first_loss'), '.5f'):>10}")
     return "\n".join(lines)
@@ -236,6 +240,8 @@ def main(argv=None):
                                               "side median step (> 1: faster than the peer)",
                   "training_mb": "largest process: peak RSS (VmHWM, reset after set-up) "
                                  "minus RSS before the model",
+                  "steps_mb": "largest process: peak RSS minus RSS after set-up (what "
+                              "the steps added to the built model)",
                   "state_mb": "largest process: bytes of the tensors held between steps",
                   "tensor_peak_total_mb": "ssaexec sides: the place's peak tensor bytes "
                                           "over one observed step (harness.place_memory)"},

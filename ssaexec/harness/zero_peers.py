@@ -36,6 +36,9 @@ Memory, per process, the same measure for every side (Linux ``/proc``):
   ``/proc/self/clear_refs`` (``VmHWM``); where that is refused, ``ru_maxrss``. Before
   the baseline and before the reset, ``gc.collect()`` and glibc's ``malloc_trim(0)``
   hand back what was freed, so both count live memory, not the heap set-up left behind;
+* ``after_setup_rss_mb``: resident memory at that reset (the model built, the program
+  imported, compiled where the side compiles): ``step_peak_rss_mb`` minus it is what
+  the steps themselves added;
 * ``peak_rss_mb``: ``ru_maxrss``, the whole life (set-up included);
 * ``state_mb``: the bytes of the tensors the side holds between steps (parameters,
   gradients, optimizer state, each storage once): FSDP2's local shards and its
@@ -229,6 +232,7 @@ class _Rank:
         self.setup_s = time.perf_counter() - t0
         gc.collect()  # the set-up's garbage (the import's traces) is not the training's
         _trim()
+        self.after_setup = rss_mb()
         self.peak_reset = _reset_peak()
 
     def window(self, steps):
@@ -244,7 +248,8 @@ class _Rank:
 
     def memory(self):
         peak = _status_mb("VmHWM") if self.peak_reset else None
-        return {"baseline_rss_mb": self.baseline, "peak_rss_mb": peak_rss_mb(),
+        return {"baseline_rss_mb": self.baseline, "after_setup_rss_mb": self.after_setup,
+                "peak_rss_mb": peak_rss_mb(),
                 "step_peak_rss_mb": peak if peak is not None else peak_rss_mb(),
                 "step_peak_measure": "VmHWM since set-up" if peak is not None else "ru_maxrss",
                 "state_mb": self.state_bytes() / 2**20}

@@ -161,7 +161,9 @@ def test_zero_vs_fsdp_smallest_run_pairs_the_sides(tmp_path):
     for side in (peer, ours):
         assert side["status"] == "ok", side.get("error")
         assert [w["round"] for w in side["windows"]] == [0, 1]
-        assert len(side["memory"]["ranks"]) == 2 and side["memory"]["state_mb"] > 0
+        mem = side["memory"]
+        assert len(mem["ranks"]) == 2 and mem["state_mb"] > 0
+        assert mem["training_mb"] >= mem["steps_mb"]  # the baseline is before the model
     assert ours["memory"]["tensor_peak_total_mb"] >= ours["memory"]["tensor_peak_model_mb"] > 0
     assert "tensor_peak_total_mb" not in peer["memory"]  # no such count for torch on CPU
     # same weights, same batch, same optimizer: the same losses (fp32, two libraries)
