@@ -34,6 +34,7 @@ __all__ = ["CompileWorker", "main", "portable"]
 
 
 _ENTRY = "from ssaexec.runtime.compile_worker import main; main()"
+NICE = 19  # the worker's scheduling priority, lowest (see main)
 
 
 def _frame(stream, payload):
@@ -129,6 +130,13 @@ def main():
     """The worker's loop: read a graph, compile it, answer; until stdin closes."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever Inductor prints goes to stderr, not into the answers
+    try:
+        # the training process first: on a busy machine the compile (and the C++
+        # compilers it starts, which inherit this) takes the cycles left over, so the
+        # running steps lose as little as they can; on idle cores it changes nothing
+        os.nice(NICE)
+    except (AttributeError, OSError):
+        pass
     import torch
     import torch._inductor.compile_fx  # noqa: F401 - what the training process has imported
 

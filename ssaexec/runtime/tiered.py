@@ -65,6 +65,7 @@ said once per process on one line.
 
 import atexit
 import collections
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -90,6 +91,7 @@ __all__ = ["REPORT_AFTER", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "str
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
+SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
 _SAID = set()  # straight_reason lines said in this process (once each)
 
 
@@ -360,7 +362,7 @@ class _Job:
         t0 = time.perf_counter()
         fn = reason = None
         try:
-            with _COMPILE_LOCK:
+            with _COMPILE_LOCK, _yielding():
                 gm, copies = seg._trace(self.copies)
                 gm = portable(gm)  # the graph every process compiles: one cache key
             self.copies = None  # the trace made its own: one copy of the inputs held, not two
@@ -372,7 +374,7 @@ class _Job:
             t2 = time.perf_counter()
             if _EXITING.is_set():
                 return
-            with _COMPILE_LOCK:
+            with _COMPILE_LOCK, _yielding():
                 fn = seg._compile_traced(gm, copies)
             times = low.times
             times["trace"] += t1 - t0
@@ -456,6 +458,25 @@ def _touch(path):
             pass
     except OSError:  # a cache we cannot write: the next run compiles in the background
         pass
+
+
+@contextlib.contextmanager
+def _yielding():
+    """While this thread runs Python for seconds (a trace, a load from the cache, Inductor's
+    imports), the interpreter hands the lock to the training thread every ``SWITCH_S``
+    instead of every 5 ms: the training thread releases the lock at each kernel and, to
+    take it back, waits for this thread to be told to let go; at 5 ms a time, its steps
+    ran several times slower beside a compile."""
+    old = sys.getswitchinterval()
+    if old <= SWITCH_S:
+        yield
+        return
+    sys.setswitchinterval(SWITCH_S)
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == SWITCH_S:  # unless someone else changed it since
+            sys.setswitchinterval(old)
 
 
 class TieredRunner(Runner):
