@@ -2,8 +2,8 @@
 
 Tiered compilation (``runtime.tiered``) must not stall the training thread. Inductor's
 compile is mostly Python: in a thread of the training process it holds the interpreter
-lock, and on 2 cores a launch-bound model's steps ran 5-15x slower while it did (measured
-on a small MLP: 0.6 ms a step alone, 3-10 ms beside a compile in a thread). So the trace
+lock, and on 2 shared cores a small MLP's steps ran 2.3x slower for the whole compile
+(0.67 ms a step alone). So the trace
 (a fraction of the compile, and it needs the step's own code and values) runs in a thread
 of the training process, and the compile runs here, in a process of its own:
 

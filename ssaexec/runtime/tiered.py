@@ -33,11 +33,15 @@ compiled in that step (each segment's two tiers agree to float32 rounding, the s
 difference). A new fetch list is a new runner (``RunnerCache``), which starts on its own
 straight-line tier.
 
-Why a thread, and not worker processes. A thread needs no second copy of the program and
-its state, and the compiled function it makes is the one the step calls. What the running
-steps pay for it is the interpreter lock while the trace and Inductor's Python run (the C++
-compiles run in Inductor's own subprocess pool, ``compile_threads``);
-``bench/time_to_steps.py`` measures the steps before the switch against ``compiler=None``.
+Where the compile runs. The trace needs the step's code and values, so it runs in a
+background thread of this process (``_Worker``, one per process: Inductor keeps
+process-wide state); the compile proper runs in a worker process
+(``runtime.compile_worker``, at the lowest scheduling priority), which fills Inductor's
+on-disk cache; the thread then compiles the same graph again, a load from that cache. A
+compile in the thread itself (``SSAEXEC_COMPILE_WORKER=thread``) holds the interpreter lock
+for seconds: on 2 cores a small MLP's steps ran 2.3x slower for the whole compile, against
+none while the worker compiles and about 2.3x only while this process imports Inductor,
+traces and loads (``_yielding`` hands the lock back every ``SWITCH_S`` meanwhile).
 
 Cache across runs. Inductor keeps each compiled graph in its on-disk FX graph cache
 (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``, kept across runs
