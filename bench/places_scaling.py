@@ -37,6 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 MODELS = ("transformer", "hf-llama", "quick")
+PRESET_ARGS = {"quick": ["--quick"], "tiny": ["--preset", "tiny"]}  # tiny: the tests' MLP
+COMPILERS = ("none", "inductor", "auto")
 WAYS = ("1 place", "2 places", "2 threads", "2 turns")
 
 
@@ -44,7 +46,7 @@ def _settings(model):
     from ssaexec.harness import cli
     ap = argparse.ArgumentParser()
     cli.add_arguments(ap)
-    return cli.settings(ap.parse_args(["--quick"] if model == "quick" else ["--model", model]))
+    return cli.settings(ap.parse_args(PRESET_ARGS.get(model, ["--model", model])))
 
 
 def _trainer(s, places, num_threads, compiler):
@@ -74,6 +76,7 @@ def ways(model, compiler, rounds):
     """Part 1: the ways of two places against one place, paired in this process."""
     import torch
     from ssaexec.core.place import available_cores
+    from ssaexec.runtime import places_rule
     s = _settings(model)
     threads = s.get("torch_threads") or available_cores()
     spec = {"1 place": (1, None), "2 places": (2, None), "2 threads": (2, 3),
@@ -82,7 +85,8 @@ def ways(model, compiler, rounds):
     for way, (places, nt) in spec.items():
         torch.set_num_threads(threads)  # as the harness's worker does
         t = trainers[way] = _trainer(s, places, nt, compiler)
-        for _ in range(s["warmup"] + (2 if compiler else 0)):  # the probe's steps included
+        # untimed: the warm-up, the probe's steps (runtime.places_rule) and a compile
+        for _ in range(max(s["warmup"], len(places_rule.PROBE)) + (2 if compiler else 0)):
             t.step()
     ips = {w: [] for w in WAYS}
     for r in range(rounds):
@@ -116,7 +120,7 @@ def harness(model):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.json")
         args = [sys.executable, "-m", "ssaexec", "bench",
-                *(["--quick"] if model == "quick" else ["--model", model]),
+                *PRESET_ARGS.get(model, ["--model", model]),
                 "--modes", "ssaexec,torch-ddp,ssaexec-nproc", "--place-counts", "1,2",
                 "--places", "cpu:2", "--nproc", "2", "--out-dir", tmp, "--json", path]
         res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
@@ -148,10 +152,16 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    bad = [m for m in models if m not in MODELS]
+    bad = [m for m in models if m not in MODELS + ("tiny",)] or ([] if models else ["(none)"])
     if bad:
         ap.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
-    compilers = [None if c == "none" else c for c in args.compilers.split(",") if c]
+    names = [c for c in args.compilers.split(",") if c]
+    bad = [c for c in names if c not in COMPILERS] or ([] if names else ["(none)"])
+    if bad:
+        ap.error(f"unknown compiler {bad[0]!r}; choose from {', '.join(COMPILERS)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    compilers = [None if c == "none" else c for c in names]
     result = {"ways": [], "harness": []}
     for model in models:
         for compiler in compilers:
