@@ -91,7 +91,8 @@ from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _Compile
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
-__all__ = ["REPORT_AFTER", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "straight_reason"]
+__all__ = ["REPORT_AFTER", "SWITCH_S", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "say_straight",
+           "straight_reason"]
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
