@@ -42,7 +42,8 @@ Memory, per process, the same measure for every side (Linux ``/proc``):
 * ``peak_rss_mb``: ``ru_maxrss``, the whole life (set-up included);
 * ``state_mb``: the bytes of the tensors the side holds between steps (parameters,
   gradients, optimizer state, each storage once): FSDP2's local shards and its
-  optimizer's state; ssaexec's place scope;
+  optimizer's state; ssaexec's place scope and the executor's scope (``pe.scope``,
+  where the startup program ran);
 * ssaexec sides only (torch has no such count on CPU): ``tensor_peak_model_mb`` and
   ``tensor_peak_total_mb``, the place's peak tensor bytes over one more, observed step
   (``place_memory``: params + grads + optimizer + gathered; and with the activations),
@@ -327,7 +328,10 @@ class _SSAExecRank(_Rank):
         return float(loss)
 
     def state_bytes(self):
-        return _storage_bytes(self.pe.local_scopes[0].vars.values())
+        # the place's scope and the executor's own (which the startup program ran in):
+        # what the process holds, whichever scope holds it
+        return _storage_bytes(list(self.pe.local_scopes[0].vars.values()) +
+                              list(self.pe.scope.vars.values()))
 
     def tensor_peaks(self):
         """One more step, observed: the place's peak tensor bytes (``place_memory``)."""
