@@ -14,7 +14,9 @@ counted after every op of the observed step (``ssaexec.harness.place_memory``: e
 storage once, by kind: params, grads, optimizer, gathered, activations). Per place:
 ``peak_model``, the peak over the step of params + grads + optimizer + gathered (the
 figure ZeRO shrinks), and the kinds at that moment; ``peak_total`` adds the activations.
-The table shows the largest place.
+The table shows the largest place. Beside it, ``pe.scope``: the bytes a process holds
+in the executor's own scope (where the startup program ran) that no place shares; they
+are not a place's and are not in the check.
 
 Acceptance 2: stage 3's ``peak_model`` <= the plain run's (stage 0) / W + the largest
 gathered layer. "Layer" here is the ZeRO contract's gather group (the parameters whose
@@ -99,9 +101,22 @@ def measure(s, stage, places, process=0, processes=1):
         report = measure_step(pe, main, [loss], feed=feed)
         layout = pe.shard_layout()
         report["sharded_params"] = len(layout) if layout is not None else 0
+        report["executor_scope_bytes"] = executor_scope_bytes(pe)
         return report
     finally:
         pe.close()
+
+
+def executor_scope_bytes(pe):
+    """Bytes of the executor's own scope (``pe.scope``, where the startup program ran)
+    that no place's scope shares: held by the process beside the places' figures."""
+    def storages(scope):
+        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in scope.vars.values() if hasattr(t, "untyped_storage")}
+    placed = set()
+    for scope in pe.local_scopes:
+        placed.update(storages(scope))
+    return sum(n for ptr, n in storages(pe.scope).items() if ptr not in placed)
 
 
 def _rank(rank, processes, places, port, s, stages, res_q):
@@ -179,6 +194,7 @@ def run_layout(s, processes, places, stages):
         reports = [by_rank[r] for r in range(processes)]
         out[stage] = {"samples": sum(r["samples"] for r in reports),
                       "sharded_params": reports[0]["sharded_params"],
+                      "executor_scope_bytes": max(r["executor_scope_bytes"] for r in reports),
                       "places": [p for r in reports for p in r["places"]]}
     return out
 
@@ -211,7 +227,8 @@ def summarise(layout, by_stage, largest_layer):
                        "peak_total": max(p["peak_total"] for p in rep["places"]),
                        "at_model_peak": worst["at_model_peak"],
                        "peak_gathered": max(p["peak_kind"]["gathered"] for p in rep["places"]),
-                       "sharded_params": rep["sharded_params"], "samples": rep["samples"]}
+                       "sharded_params": rep["sharded_params"], "samples": rep["samples"],
+                       "executor_scope_bytes": rep["executor_scope_bytes"]}
     check = None
     if "peak_model" in rows.get(0, {}) and "peak_model" in rows.get(3, {}):
         bound = rows[0]["peak_model"] / world + largest_layer
@@ -226,7 +243,7 @@ def table(res, param_bytes):
     div, name = unit(param_bytes)
     lines = [f"\nlayout {res['layout']} (world {res['world']}), {name} per place (the largest):",
              f"{'stage':>5}{'params':>9}{'grads':>9}{'optim':>9}{'gathered':>9}"
-             f"{'model':>9}{'x plain':>8}{'+activ.':>9}{'sharded':>8}"]
+             f"{'model':>9}{'x plain':>8}{'+activ.':>9}{'sharded':>8}{'pe.scope':>9}"]
     plain = res["stages"].get(0, {}).get("peak_model")
     for stage, row in res["stages"].items():
         if "error" in row:
@@ -237,7 +254,8 @@ def table(res, param_bytes):
                      f"{k['optimizer'] / div:>9.1f}{k['gathered'] / div:>9.1f}"
                      f"{row['peak_model'] / div:>9.1f}"
                      f"{(row['peak_model'] / plain if plain else float('nan')):>8.3f}"
-                     f"{row['peak_total'] / div:>9.1f}{row['sharded_params']:>8}")
+                     f"{row['peak_total'] / div:>9.1f}{row['sharded_params']:>8}"
+                     f"{row['executor_scope_bytes'] / div:>9.1f}")
     c = res["acceptance_2"]
     if c:
         lines.append(f"acceptance 2: stage 3 {c['stage3_peak_model'] / div:.1f} {name} <= "

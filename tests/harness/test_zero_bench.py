@@ -138,6 +138,7 @@ def test_zero_memory_smallest_run_writes_its_table(tmp_path, capsys):
     assert layout["layout"] == "1x2" and set(layout["stages"]) == {"0", "3"}
     for row in layout["stages"].values():
         assert row["peak_model"] > 0 and set(row["at_model_peak"]) == set(KINDS)
+        assert row["executor_scope_bytes"] >= 0
     check = layout["acceptance_2"]
     assert check["world"] == 2 and check["largest_layer"] == data["largest_layer"]["bytes"]
     assert check["bound"] == check["plain_peak_model"] / 2 + check["largest_layer"]
