@@ -1,11 +1,12 @@
 """Threads or turns: a ``ParallelExecutor`` times both on a runner's first steps.
 
-Several CPU places of one process share the GIL and the cores; ``places_rule`` states the
-two ways they run (the pool's threads, or turns in the caller's thread) and the rule that picks one. This module
-applies it: unless ``ExecutionStrategy(num_threads=...)`` was given, a runner's first
-steps run as ``places_rule.PROBE`` says, and the runner keeps the way
-``places_rule.choose`` picks from the best step of each (``runner.inline``). Both ways give bit-identical results, so the
-choice only changes speed. CUDA places and a single place are never probed.
+Several CPU places of one process share the GIL and the cores; ``places_rule`` states
+the two ways they run (the pool's threads, or turns in the caller's thread) and the rule
+that picks one. This module applies it: unless ``ExecutionStrategy(num_threads=...)`` was
+given, a runner's first steps run as ``places_rule.PROBE`` says, timed (wall and the
+process's CPU time), and the runner keeps the way ``places_rule.choose`` picks from the
+best step of each (``runner.inline``). Both ways give bit-identical results, so the choice
+only changes speed. CUDA places and a single place are never probed.
 
 A runner whose lowering switches tier (``compiler="auto"``: ``runtime.tiered``, its
 ``switches``) is probed again after each switch: the compiled tier's steps may favour

@@ -47,8 +47,8 @@ executors (threads: each rank's steps are not probed). ``describe`` is the one l
 
 import dataclasses
 
-__all__ = ["MODES", "PROBE", "LOCK_BOUND_CORES", "PlacesChoice", "chooses", "choose", "intra_op_threads",
-           "describe"]
+__all__ = ["MODES", "PROBE", "LOCK_BOUND_CORES", "PlacesChoice", "chooses", "choose",
+           "intra_op_threads", "describe"]
 
 MODES = ("threads", "turns")
 # the way each of a runner's first steps runs; the first is not timed (it builds and warms
