@@ -19,11 +19,12 @@ and a resumed run could differ from the uninterrupted one. Where the kernels are
 enough for more threads to pay, threads keep every core busy anyway.
 
 Both ways run the same ops on the same values, so they give bit-identical results; the
-choice changes speed only (``tests/execution/test_places_rule.py``).
+choice changes speed only (``tests/runtime/test_places_rule.py``).
 
 The rule (``choose``). Measured, never guessed: a runner's first steps run both ways in
 turn (``PROBE``: one untimed step, then turns and threads alternating, two of each), and
-the way with the faster best step is kept; a tie keeps turns (fewer threads, no hand-off).
+the way with the faster best step is kept, by ``ThreadingProbe``
+(``execution.threading_probe``), again after a tier switch under ``compiler="auto"``; a tie keeps turns (fewer threads, no hand-off).
 Two samples each, best of two, so that one slow step (a compile under
 ``compiler="inductor"``, a burst of load on a shared machine) does not decide. The
 simulator (``sim.predict``) applies the same ``choose`` to its replayed steps of both
