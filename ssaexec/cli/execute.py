@@ -23,17 +23,29 @@ from ..data.feed_file import read_feed_file
 from ..execution.parallel_executor import ParallelExecutor
 from ..program.defaults import loss_var, startup_for
 from ..runtime.scope import Scope
-from ..core.strategy import ExecutionStrategy
+from ..core.strategy import DEFAULT_COMPILER, ExecutionStrategy
 from ..data.synthetic import synthetic_feed
 from .common import (UsageError, build_strategy, load_program_file, load_startup_file,
                      places_from, positive)
 
-__all__ = ["execution_options", "Setup", "setup", "print_header", "print_step", "throughput"]
+__all__ = ["COMPILER_CHOICES", "compiler_of", "execution_options", "Setup", "setup", "print_header",
+           "print_step", "throughput"]
 
 Setup = namedtuple("Setup", "pe main loss feed_of batch notes")
 
 
-def execution_options(parser, steps_default):
+# --compiler: ExecutionStrategy's compilers ("none": compiler=None); "default" leaves the
+# choice to ExecutionStrategy (DEFAULT_COMPILER, or SSAEXEC_COMPILER where set)
+COMPILER_CHOICES = ("default", "auto", "inductor", "none")
+
+
+def compiler_of(args):
+    """``ExecutionStrategy``'s ``compiler`` for ``--compiler`` (``"none"``: None)."""
+    compiler = getattr(args, "compiler", "default")
+    return None if compiler == "none" else compiler
+
+
+def execution_options(parser, steps_default, compiler_default="default"):
     """Add the options of the commands that run a program (run, trace)."""
     g = parser.add_argument_group("execution")
     g.add_argument("--places", "-p", default=None, metavar="SPEC",
@@ -73,10 +85,15 @@ def execution_options(parser, steps_default):
     g.add_argument("--cuda-graph", action="store_true",
                    help="capture the step as a CUDA graph after 2 warm-up steps (CUDA places "
                         "on one GPU)")
-    g.add_argument("--compiler", choices=("inductor",), default=None,
-                   help="compile each segment of the step with Inductor (needs a C++ "
-                        "compiler on CPU; a segment it cannot compile runs as usual, with "
-                        "one line saying why)")
+    default_says = (f"ExecutionStrategy's, {DEFAULT_COMPILER} where a C++ compiler or Triton "
+                    "is present" if compiler_default == "default" else compiler_default)
+    g.add_argument("--compiler", choices=COMPILER_CHOICES, default=compiler_default,
+                   help="auto: run at once, compile each segment with Inductor in the "
+                        "background, switch at a step boundary; inductor: compile first "
+                        "(blocking); none: the straight-line path only; default: "
+                        "ExecutionStrategy's. A segment Inductor cannot compile runs as "
+                        f"usual, with one line saying why (default: {default_says}; "
+                        "docs/strategies.md)")
     g.add_argument("--accumulate", type=positive, default=1, metavar="K",
                    help="gradient accumulation: update every K steps (default: 1)")
     g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
@@ -196,7 +213,7 @@ def setup(args):
                           exec_strategy=ExecutionStrategy(num_threads=args.threads,
                                                           amp=args.amp,
                                                           cuda_graph=args.cuda_graph,
-                                                          compiler=args.compiler),
+                                                          compiler=compiler_of(args)),
                           scope=Scope())
     resume = getattr(args, "resume", None)
     if resume:

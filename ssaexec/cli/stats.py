@@ -41,9 +41,11 @@ def register(add):
     p.add_argument("program", metavar="PROGRAM", help="program file (.json or .ssa)")
     p.add_argument("--format", "-f", choices=("text", "json"), default="text",
                    help="output form (default: %(default)s)")
-    p.add_argument("--compiler", choices=("inductor",), default=None,
+    p.add_argument("--compiler", choices=("auto", "inductor"), default=None,
                    help="also say what this compiler would compile: its segments, and those "
-                        "that would run uncompiled, with why")
+                        "that would run uncompiled, with why (auto, the library's default, "
+                        "compiles the same segments as inductor, in the background; "
+                        "default: say nothing about a compiler)")
     z = p.add_argument_group("memory under ZeRO (sim.memory, the simulator's formula)")
     z.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, metavar="STAGE",
                    help="predict each device's peak memory under ZeRO stage 0-3: "
@@ -81,10 +83,12 @@ def cmd_stats(args):
     stats["collective_backend"] = choose_local_collective(graph.places)[2]
     from ..runtime.places_rule import describe
     stats["places_mode"] = describe(graph.places, args.processes)  # threads or turns, why
-    if args.compiler == "inductor":
+    if args.compiler in ("inductor", "auto"):
         from ..runtime.inductor import inductor_summary
         # the Inductor runner's own graph: under a compiler the gradients go in buckets
-        stats["compiler"] = inductor_summary(graph_of(args, compiler="inductor"))
+        # ("auto" tiers the Inductor runner: the same segments, compiled in the background)
+        stats["compiler"] = inductor_summary(graph_of(args, compiler=args.compiler))
+        stats["compiler"]["name"] = args.compiler
     stats["compiled"] = compile_summary(graph)
     memory = None
     if args.zero is not None:

@@ -41,7 +41,9 @@ def register(add):
     p.add_argument("--html", metavar="FILE.html", nargs="?", const="", default=None,
                    help="also write the explorer page with this trace (default file: the "
                         "trace's name with .html)")
-    execution_options(p, steps_default=3)
+    # the per-op view unless a compiler is named (a tiered step's segments are one slice
+    # each, straight-line or compiled)
+    execution_options(p, steps_default=3, compiler_default="none")
     p.add_argument("--warmup", type=int, default=None,
                    help="untraced steps first (default: 1; 2 with --compiler, which records "
                         "and compiles in its first two steps)")
@@ -53,7 +55,7 @@ def register(add):
 
 def cmd_trace(args):
     from ..execution import step_trace as trace
-    nodes = args.compiler is not None
+    nodes = args.compiler not in (None, "none")
     if args.warmup is None:
         args.warmup = 2 if nodes else 1
     if args.warmup < 0:

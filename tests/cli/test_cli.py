@@ -824,3 +824,31 @@ def test_stats_says_what_the_compiler_would_run_uncompiled(cli, tmp_path, monkey
     comp = json.loads(res.out)["compiler"]
     assert [u["why"] for u in comp["uncompiled"]] == [
         "conditional_block#1@cpu:0 is a control op (its sub-blocks run on the scheduler)"]
+
+
+def test_compiler_option_offers_auto_and_says_the_default(cli):
+    """issue 50: --compiler names every compiler (auto, the library's default, included)
+    and says which one runs when none is named."""
+    from argparse import Namespace
+
+    from ssaexec.cli.execute import compiler_of
+    from ssaexec.core.strategy import DEFAULT_COMPILER
+    res = cli(["run", "--help"])
+    assert res.status == 0 and "{default,auto,inductor,none}" in res.out, res.out
+    flat = " ".join(res.out.split())
+    assert f"(default: ExecutionStrategy's, {DEFAULT_COMPILER} where a C++ compiler" in flat
+    res = cli(["trace", "--help"])
+    assert "(default: none;" in " ".join(res.out.split()), res.out  # the per-op view
+    # "none" is compiler=None; the others are passed on as they are
+    assert compiler_of(Namespace(compiler="none")) is None
+    assert compiler_of(Namespace(compiler="default")) == "default"
+    assert compiler_of(Namespace(compiler="auto")) == "auto"
+    res = cli(["run", example("mnist_mlp.json"), "--places", "cpu:1", "--steps", 1,
+               "--compiler", "none"])
+    assert res.status == 0, res
+    res = cli(["run", example("mnist_mlp.json"), "--compiler", "jit"])
+    assert res.status == 2 and "invalid choice: 'jit'" in res.err
+    # stats: auto compiles the Inductor runner's segments, in the background
+    res = cli(["stats", example("mnist_mlp.json"), "--places", "1", "--compiler", "auto"])
+    assert res.status == 0, res
+    assert "compiler        auto: 2 segments (1 in the commit phase)" in res.out, res.out
