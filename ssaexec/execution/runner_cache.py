@@ -10,7 +10,9 @@ strategy changed between steps gets its own runner.
 Policy. ``compiler="inductor"`` runs ``runtime.runner.Runner`` with
 ``InductorLowering``; ``compiler="auto"`` runs ``runtime.tiered.TieredRunner`` (straight-line
 code at once, Inductor's graphs from a step boundary on), or, where
-``tiered.straight_reason`` gives a reason (said once), the compiled path; else the compiled
+``tiered.straight_reason`` gives a reason (said once), the compiled path; so does a
+runner of a multi-process run whose graph holds no cross-process collective (one rank may
+run it alone, so the ranks could not agree on its tier: ``tiered.agrees``); else the compiled
 path runs ``CompiledRunner`` and the readable one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under a
 compiler, gradients go in buckets unless the strategy says otherwise (the default is
 decided in ``ssaexec.core.strategy``, not here).
@@ -27,7 +29,7 @@ from ..runtime.graph_runner import GraphRunner
 from ..runtime.inductor import InductorLowering
 from ..runtime.parallel_block import run_places
 from ..runtime.runner import Runner
-from ..runtime.tiered import TieredRunner, say_straight, straight_reason
+from ..runtime.tiered import TieredRunner, agrees, say_straight, straight_reason
 
 __all__ = ["RunnerCache"]
 
@@ -92,7 +94,7 @@ class RunnerCache:
         if compiler == "inductor":
             return Runner(graph, local_scopes, collective, self._scheduler, InductorLowering(),
                           self.contexts(), sync, run_places)
-        if compiler == "auto":
+        if compiler == "auto" and agrees(collective, graph) is not False:
             return TieredRunner(graph, local_scopes, collective, self._scheduler,
                                 self.contexts(), sync, run_places)
         kind = CompiledRunner if compiled else GraphRunner

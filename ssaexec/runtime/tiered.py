@@ -60,11 +60,31 @@ third step with a warm cache, or when its compile ends, not at the step the unin
 run switched at, so the two agree to float32 rounding, not bit for bit. ``compiler=None``
 and ``compiler="inductor"`` keep their exact behaviour.
 
+Several processes (``_Agreement``). Each rank compiles in the background on its own, so
+its graphs are ready at its own step; if ranks switched when their own graphs were ready,
+one rank's update would run fused kernels while another's ran straight-line code, and the
+replicas would drift apart in the last bits (docs/security.md, "Replicas never silently
+diverge"). So ranks agree, through the executor's collective backend: at the start of
+step 3 and then every ``AGREE_EVERY`` steps, each rank starts one all-reduce (a sum) of a
+few integers: whether it is not ready (a segment unsettled or a compile pending) and, per
+segment, whether it refused to compile. The call is asynchronous, and its result is read at
+the start of the next step, the step it has run beside (the first one, at step 3, is
+waited for at once, so that a warm cache switches at step 3 as in one process): every
+rank reads the same sums at the same step, so every rank switches at the same step, and
+uses the same graphs. A rank ready after the other ranks switches at most
+``AGREE_EVERY + 1`` steps after its own compiles end. What a rank uses after an agreement is a snapshot of the graphs it had when its
+part was sent (``_TieredSegment.agreed``); a graph compiled later is used from the next
+agreement that finds every rank ready, and a segment refused on any rank runs straight-line
+code on all. A new input shape met after the switch runs that segment's straight-line code
+(no graph is agreed for it) and only that segment: the rest of the step keeps the agreed
+tier, since the shapes of a rank's own batch differ from its peers' only upstream of the
+gradient all-reduce, whose sum every rank then shares. A runner whose graph holds no
+cross-process collective (one rank may run it alone: an evaluation on rank 0) cannot
+agree, and runs the compiled path (``RunnerCache``).
+
 Where it does not run (``straight_reason``): places with no C++ compiler (CPU) or no
-Triton (CUDA), a multi-process run (ranks would switch at different steps, and their
-replicas would drift apart in the last bits), and CUDA graph capture (a captured step
-would keep the tier it was captured in). There ``compiler="auto"`` is the compiled path,
-said once per process on one line.
+Triton (CUDA), and CUDA graph capture (a captured step would keep the tier it was captured
+in). There ``compiler="auto"`` is the compiled path, said once per process on one line.
 """
 
 import atexit
@@ -91,10 +111,12 @@ from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _Compile
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
-__all__ = ["REPORT_AFTER", "SWITCH_S", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "say_straight",
-           "straight_reason"]
+__all__ = ["AGREE_EVERY", "REPORT_AFTER", "SWITCH_S", "TieredLowering", "TieredRunner",
+           "WARM_WAIT_S", "agrees", "say_straight", "straight_reason"]
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
+AGREE_EVERY = 8  # steps between two agreements of the ranks of a multi-process run
+FIRST_AGREEMENT = 2  # the step (counted from 0) of the first agreement, waited for at once
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
 _SAID = set()  # straight_reason lines said in this process (once each)
@@ -102,9 +124,6 @@ _SAID = set()  # straight_reason lines said in this process (once each)
 
 def straight_reason(places, build_strategy, exec_strategy):
     """Why ``compiler="auto"`` runs the compiled path (no tiers) here, or None."""
-    if build_strategy.num_trainers > 1:
-        return ("a multi-process run: ranks would switch tiers at different steps and their "
-                "replicas drift apart in the last bits (compiler='inductor' compiles on all)")
     if exec_strategy.cuda_graph:
         return "CUDA graph capture keeps the tier a step was captured in"
     # nothing imported here: importing Inductor takes seconds, and the first step must not
@@ -190,7 +209,8 @@ class TieredLowering(InductorLowering):
     """
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
-                 "pending", "cond", "missed", "step_tier", "said", "times")
+                 "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
+                 "begun")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None):
@@ -210,6 +230,8 @@ class TieredLowering(InductorLowering):
         # seconds of the background compiles by phase: the trace and the load from the cache
         # (in this process), the compile (in the worker process)
         self.times = {"trace": 0.0, "worker": 0.0, "load": 0.0}
+        self.agreement = None  # an _Agreement in a multi-process run (TieredRunner)
+        self.begun = 0  # steps begun
 
     def segment_body(self, seg):
         body = _TieredSegment(self, seg, self.base.segment_body(seg))
@@ -219,11 +241,44 @@ class TieredLowering(InductorLowering):
     def begin_step(self):
         super().begin_step()
         self.missed = False
-        if self.tier == "straight" and self._ready():
-            self.tier = "compiled"
-            self.switches.append((sum(self.ran.values()), self.compile_s))
-            self.after, self.said = [], False
+        if self.agreement is not None:
+            self._agree()
+        elif self.tier == "straight" and self._ready():
+            self._switch()
+        self.begun += 1
         self.step_tier = self.tier
+
+    def _switch(self):
+        self.tier = "compiled"
+        self.switches.append((sum(self.ran.values()), self.compile_s))
+        self.after, self.said = [], False
+
+    def _agree(self):
+        """A multi-process run's step boundary: read the ranks' sums sent at the last
+        one, if any (switching, and taking the graphs snapshotted then, if every rank was
+        ready); at an agreement step, send this rank's part (module docstring)."""
+        agreement = self.agreement
+        if agreement.sent is not None:  # sent at the start of the last step
+            self._agreed(*agreement.read())
+        n = self.begun - FIRST_AGREEMENT
+        if n < 0 or n % AGREE_EVERY:
+            return
+        ready = self._ready()
+        with self.cond:
+            ready = ready and self.pending == 0
+            snapshot = [dict(s.graphs) for s in self.segs]
+            refused = [s.refused is not None for s in self.segs]
+        agreement.send(ready, refused, snapshot)
+        if n == 0:  # the first one at once: a warm cache switches at step 3
+            self._agreed(*agreement.read())
+
+    def _agreed(self, all_ready, refused_somewhere, snapshot):
+        if not all_ready:
+            return  # the graphs agreed before (if any) stay in use
+        for seg, refused, graphs in zip(self.segs, refused_somewhere, snapshot, strict=True):
+            seg.agreed = {} if refused else graphs
+        if self.tier == "straight" and any(s.agreed for s in self.segs):
+            self._switch()
 
     def end_step(self, seconds):
         """Count the step that just ran in ``seconds``, and say the switch's line once
@@ -251,7 +306,10 @@ class TieredLowering(InductorLowering):
 
     def miss(self):
         """A segment met an input signature with no graph: this step runs straight-line
-        code from here on, and so do the next ones until the runner switches again."""
+        code from here on, and so do the next ones until the runner switches again (in
+        one process; with several, only that segment: module docstring)."""
+        if self.agreement is not None:
+            return
         self.missed = True
         self.tier = "straight"
 
@@ -281,7 +339,7 @@ class _TieredSegment(_CompiledSegment):
     """One segment's two tiers: its straight-line code until the runner switches, then its
     compiled graphs; its compiles submitted to the background worker."""
 
-    __slots__ = ("current", "pending_key", "warm", "skipped", "__weakref__")
+    __slots__ = ("current", "pending_key", "warm", "skipped", "agreed", "__weakref__")
 
     def __init__(self, lowering, seg, fallback):
         super().__init__(lowering, seg, fallback)
@@ -289,22 +347,25 @@ class _TieredSegment(_CompiledSegment):
         self.pending_key = None  # the signature being compiled in the background
         self.warm = False  # that compile is expected to load from Inductor's cache
         self.skipped = set()  # signatures beyond MAX_SIGNATURES: straight-line code
+        self.agreed = {}  # several processes: the graphs every rank agreed to run
 
     def settled(self):
         return self.refused is not None or (self.current is not None and (
             self.current in self.graphs or self.current in self.skipped))
 
     def run(self):
-        if self.refused is not None:
+        low = self.lowering
+        # several processes: a graph every rank agreed on runs until an agreement drops
+        # it, even if this rank refused the segment since
+        if self.refused is not None and not self.agreed:
             return self.fallback()
         scope = self.scopes[self.seg.place_idx]
         if self.loads is None:
             return self._record(scope)
-        low = self.lowering
         inputs = self.inputs(scope)
         key = self.current = _signature(inputs)
         if low.tier == "compiled" and not low.missed:
-            fn = self.graphs.get(key)
+            fn = (self.graphs if low.agreement is None else self.agreed).get(key)
             if fn is not None:
                 try:
                     outs = fn(*inputs)
@@ -314,7 +375,8 @@ class _TieredSegment(_CompiledSegment):
                 return None
             if key not in self.skipped:
                 low.miss()
-        if key not in self.graphs and key not in self.skipped and self.pending_key is None:
+        if key not in self.graphs and key not in self.skipped and self.pending_key is None \
+                and self.refused is None:
             self._submit(key, inputs)
         return self.fallback()
 
@@ -484,13 +546,64 @@ def _yielding():
             sys.setswitchinterval(old)
 
 
+class _Agreement:
+    """The ranks' agreement on the tier (several processes; see the module docstring): one
+    asynchronous all-reduce (a sum) through the executor's collective backend,
+    ``ProcessGroupCollective``, of ``[not ready, refused per segment]``."""
+
+    __slots__ = ("collective", "sent", "sums", "snapshot", "device", "count")
+
+    def __init__(self, collective):
+        self.collective = collective
+        self.sent = None  # the wait of the all-reduce in flight
+        self.sums = self.snapshot = None
+        # NCCL reduces CUDA tensors only; every other backend (gloo) a CPU tensor
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if collective.backend == "nccl" else torch.device("cpu"))
+        self.count = 0  # agreements sent
+
+    def send(self, ready, refused, snapshot):
+        import torch.distributed as dist
+        sums = torch.tensor([0 if ready else 1] + [int(r) for r in refused],
+                            dtype=torch.int32, device=self.device)
+        self.count += 1
+        c = self.collective
+        self.sent = c.start(f"agreement {self.count} on the tier of compiler='auto'",
+                            lambda: dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=c.group,
+                                                    async_op=True), sums)
+        self.sums, self.snapshot = sums, snapshot
+
+    def read(self):
+        """``(every rank ready, refused on some rank per segment, this rank's snapshot)``
+        of the agreement in flight (waited for: sent a step ago, it is done, unless a
+        peer is behind)."""
+        wait, self.sent = self.sent, None
+        wait()
+        sums = self.sums.tolist()
+        snapshot, self.sums, self.snapshot = self.snapshot, None, None
+        return sums[0] == 0, [x > 0 for x in sums[1:]], snapshot
+
+
+def agrees(collective, graph):
+    """Whether the tiers of ``graph``'s runner can be agreed across processes over
+    ``collective``: None where it runs in one process (nothing to agree), else whether the
+    graph holds a cross-process collective (then every rank runs each of its steps)."""
+    if getattr(collective, "local_only", True):
+        return None
+    return bool(graph.collectives)
+
+
 class TieredRunner(Runner):
-    """A ``Runner`` with ``TieredLowering``: each step is timed for the switch's line."""
+    """A ``Runner`` with ``TieredLowering``: each step is timed for the switch's line. Over
+    a multi-process collective the ranks agree on the tier (``_Agreement``): the graph
+    must hold a cross-process collective (``agrees``)."""
 
     def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
                  run_places=None, notes=None):
         super().__init__(graph, scopes, collective, scheduler, TieredLowering(notes),
                          contexts, sync, run_places)
+        if agrees(collective, graph) is not None:
+            self.lowering.agreement = _Agreement(collective)
 
     def run(self, sync=None):
         t0 = time.perf_counter()
