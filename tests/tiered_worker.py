@@ -17,9 +17,12 @@ import sys
 
 import torch
 
+from ssaexec.runtime.tiered import AGREE_EVERY
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
-STEPS = 2 + 8 + 1 + 4  # the first agreement, the next (AGREE_EVERY later, read a step
-# later), 4 compiled steps after it (the switch's line is said after 3)
+# the first agreement, the next (AGREE_EVERY later, read a step later), 4 compiled steps
+# after it (the switch's line is said after 3)
+STEPS = 2 + AGREE_EVERY + 1 + 4
 
 
 def train(se, compiler, feeds, rank):

@@ -115,7 +115,11 @@ __all__ = ["AGREE_EVERY", "REPORT_AFTER", "SWITCH_S", "TieredLowering", "TieredR
            "WARM_WAIT_S", "agrees", "say_straight", "straight_reason"]
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
-AGREE_EVERY = 8  # steps between two agreements of the ranks of a multi-process run
+# steps between two agreements of the ranks of a multi-process run: each costs a gloo
+# round trip (an agreement every step added some 40% to a 0.8 ms step on 2 loaded cores,
+# bench50.md; one every 8 or 32, within the noise), and a rank ready last switches at most
+# this many steps (plus one) late
+AGREE_EVERY = 16
 FIRST_AGREEMENT = 2  # the step (counted from 0) of the first agreement, waited for at once
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
