@@ -47,7 +47,7 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import GraphError, ProgramError
 from ..core.limits import depth_problem
 from ..program.desc import EMPTY_VAR, OpDesc
-from ..program.shard import is_sharded, shard_program
+from ..program.shard import SHARD_SUFFIX, is_sharded, layer_of, shard_program
 from .fuse import GradBucketer
 from .ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWaitOpHandle,
                   BroadcastOpHandle, CollectiveOpHandle, ComputationOpHandle, FetchOpHandle,
@@ -405,21 +405,28 @@ def insert_collectives(bg):
 def shard_collectives(bg):
     """ZeRO (``BuildStrategy(zero_stage=1|2|3)``, the layout of ``program.shard``).
 
-    * After a sharded gradient's producer: its ``ReduceScatterOpHandle`` into the
-      gradient's shard on every place; stages 2 and 3 then free the full gradient on
-      each place (``FreeOpHandle``; an accumulator, persistable, stays).
-    * Stages 1 and 2: after a parameter's update (on its shard, every place), its
-      ``AllGatherOpHandle`` rewrites the full parameter in place.
-    * Stage 3: the parameters of a group (those whose first reader in a phase is the
-      same op: a layer) are gathered by one all-gather right before that reader and
-      freed on each place after their last reader of the phase. The phases are forward
+    The unit of every collective here is a *layer* (``program.shard.layer_of``: the
+    parameters of one module, read off their names), as FSDP2's per-module calls: the
+    adjacent parameters (or gradients) of one layer move in one call, a flat buffer of
+    their shards rank by rank (``runtime.handle_calls``).
+
+    * Reduce-scatters: the sharded gradients of one layer, in backward's program order,
+      are reduce-scattered by one ``ReduceScatterOpHandle`` into their shards on every
+      place, right after the producer of the layer's last one; stages 2 and 3 then free
+      the layer's full gradients on each place (one ``FreeOpHandle`` a place; an
+      accumulator, persistable, stays).
+    * Stages 1 and 2: after the updates of a layer's parameters (on their shards, every
+      place), one ``AllGatherOpHandle`` rewrites the layer's full parameters in place.
+    * Stage 3: the parameters of a layer whose first readers in a phase are adjacent are
+      gathered by one all-gather right before the first of those readers, and each is
+      freed on each place after its own last reader of the phase. The phases are forward
       and the rest (backward), or one with ``reshard_after_forward=False``.
       Prefetch: the gather of group k waits for the first readers of group
       k-1-``zero_prefetch`` (a ``prefetch`` dummy edge), so at most
       ``zero_prefetch``+1 groups are gathered ahead of the compute reading them.
-    * Stages 2 and 3, back-pressure: the producer of the k-th sharded gradient waits
-      for the reduce-scatter of the (k-1-``zero_prefetch``)-th (a ``zero_backpressure``
-      dummy edge), so backward never holds more than ``zero_prefetch``+1 full
+    * Stages 2 and 3, back-pressure: the producer of the first gradient of the k-th
+      reduce-scatter waits for the (k-1-``zero_prefetch``)-th (a ``zero_backpressure``
+      dummy edge), so backward never holds more than ``zero_prefetch``+1 layers' full
       gradients that wait for their reduce-scatter.
     """
     layout = bg.shard_layout
@@ -442,38 +449,63 @@ def shard_collectives(bg):
     for it in bg.items:
         if isinstance(it, Node) and it.cls is ComputationOpHandle:
             producers.setdefault(it.op_index, []).append(it)
-    scatters = []  # per gradient-producing op so far, in program order: its last scatter
+    scatters = []  # each reduce-scatter so far, in program order
+    bucket = []    # [(op index, ShardedParam, gradient)] of the layer whose gradients wait
+
+    def scatter(bucket):
+        last = bucket[-1][0]
+        grads = [g for _, _, g in bucket]
+        shards = [g + SHARD_SUFFIX for g in grads]
+        io = (("read", everyone, tuple(grads)), ("write", everyone, tuple(shards)))
+        made = Node(ReduceScatterOpHandle, (grads, shards, bg.wire), io, op_index=last)
+        after.setdefault(last, []).append(made)
+        if stage >= 2:
+            frees = [g for g in grads
+                     if not (block.find_var(g) is not None and block.find_var(g).persistable)]
+            if frees:
+                after[last].extend(free_nodes(frees, last))
+        scatters.append(made)
+
+    gathered = []  # stages 1 and 2: [(op index, ShardedParam)] updated, not yet gathered
+
+    def gather(group):
+        last = group[-1][0]
+        sps = [sp for _, sp in group]
+        io = (("read", everyone, tuple(x for sp in sps for x in (sp.shard_name, sp.name))),
+              ("write", everyone, tuple(sp.name for sp in sps)))
+        after.setdefault(last, []).append(
+            Node(AllGatherOpHandle, ([sp.name for sp in sps], [sp.shard_name for sp in sps],
+                                     [sp.shape for sp in sps], gather_wire),
+                 io, op_index=last))
+
     for i, op in enumerate(ops):
         if op.role == "backward":
-            made = None
             for p, grad in op.role_var:
                 sp = bg.sharded.get(p)
                 if sp is None or sp.grad is None:
                     continue
-                shard = grad + "@SHARD"
-                io = (("read", everyone, (grad,)), ("write", everyone, (shard,)))
-                j = len(scatters) - 1 - strategy.zero_prefetch
-                if made is None and stage >= 2 and j >= 0:
-                    # back-pressure: at most zero_prefetch+1 ops' full gradients wait for
-                    # their reduce-scatter (and free) while backward goes on
-                    after.setdefault(i, []).extend(
-                        Edge(scatters[j], n, "zero_backpressure") for n in producers[i])
-                made = Node(ReduceScatterOpHandle, ([grad], [shard], bg.wire), io,
-                            op_index=i)
-                after.setdefault(i, []).append(made)
-                var = block.find_var(grad)
-                if stage >= 2 and not (var is not None and var.persistable):
-                    after[i].extend(free_nodes([grad], i))
-            if made is not None:
-                scatters.append(made)
+                if bucket and layer_of(bucket[-1][1].name) != layer_of(p):
+                    scatter(bucket)
+                    bucket = []
+                if not bucket:
+                    j = len(scatters) - 1 - strategy.zero_prefetch
+                    if stage >= 2 and j >= 0:
+                        # back-pressure: at most zero_prefetch+1 layers' full gradients
+                        # wait for their reduce-scatter (and free) while backward goes on
+                        after.setdefault(i, []).extend(
+                            Edge(scatters[j], x, "zero_backpressure") for x in producers[i])
+                bucket.append((i, sp, grad))
         if stage < 3 and op.role == "optimize" and op.role_var and \
                 op.role_var[0][0] in bg.sharded:
             sp = bg.sharded[op.role_var[0][0]]
-            io = (("read", everyone, (sp.shard_name, sp.name)),
-                  ("write", everyone, (sp.name,)))
-            after.setdefault(i, []).append(
-                Node(AllGatherOpHandle, ([sp.name], [sp.shard_name], [sp.shape], gather_wire),
-                     io, op_index=i))
+            if gathered and layer_of(gathered[-1][1].name) != layer_of(sp.name):
+                gather(gathered)
+                gathered = []
+            gathered.append((i, sp))
+    if bucket:
+        scatter(bucket)
+    if gathered:
+        gather(gathered)
     if stage == 3:
         _stage3_gathers(bg, ops, before, after, free_nodes, gather_wire)
     out = []
@@ -488,13 +520,14 @@ def shard_collectives(bg):
 
 
 def _stage3_gathers(bg, ops, before, after, free_nodes, gather_wire):
-    """Stage 3's gathers, frees and prefetch edges into ``before``/``after``."""
+    """Stage 3's gathers, frees and prefetch edges into ``before``/``after``: a gather per
+    run of one layer's parameters whose first readers in a phase are adjacent."""
     readers = {}
     for i, op in enumerate(ops):
         for name in op_reads_writes(bg.program, op)[0]:
             if name in bg.sharded:
                 readers.setdefault(name, []).append(i)
-    groups = {}  # first reader op index -> [ShardedParam]
+    spans = []   # (first reader, phase, ShardedParam)
     frees = {}   # last reader op index -> [param names]
     for sp in bg.sharded.values():
         rs = readers.get(sp.name, [])
@@ -504,20 +537,26 @@ def _stage3_gathers(bg, ops, before, after, free_nodes, gather_wire):
         rest = [i for i in rs if ops[i].role != "forward"]
         if not bg.strategy.reshard_after_forward or not fwd or not rest or \
                 min(rest) < max(fwd):
-            spans = [rs]
+            phases = [rs]
         else:
-            spans = [fwd, rest]
-        for span in spans:
-            groups.setdefault(min(span), []).append(sp)
+            phases = [fwd, rest]
+        for phase, span in enumerate(phases):
+            spans.append((min(span), phase, sp))
             frees.setdefault(max(span), []).append(sp.name)
+    groups = []  # [((phase, layer), first reader, [ShardedParam])]: adjacent spans
+    for first, phase, sp in sorted(spans, key=lambda t: (t[0], t[1])):
+        key = (phase, layer_of(sp.name))
+        if groups and groups[-1][0] == key:
+            groups[-1][2].append(sp)
+        else:
+            groups.append((key, first, [sp]))
     nodes_of = {}
     for it in bg.items:
         if isinstance(it, Node) and it.cls is ComputationOpHandle:
             nodes_of.setdefault(it.op_index, []).append(it)
     everyone = range(len(bg.places))
-    firsts = sorted(groups)
-    for k, first in enumerate(firsts):
-        sps = groups[first]
+    firsts = [first for _, first, _ in groups]
+    for k, (_, first, sps) in enumerate(groups):
         io = [("read", everyone, tuple(sp.shard_name for sp in sps)),
               ("write", everyone, tuple(sp.name for sp in sps))]
         j = k - 1 - bg.strategy.zero_prefetch

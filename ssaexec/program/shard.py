@@ -49,7 +49,7 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import ProgramError
 
 __all__ = ["SHARD_SUFFIX", "ELEMENTWISE", "ShardedParam", "ShardLayout", "shard_program",
-           "layout_of", "shard_like", "is_sharded"]
+           "layout_of", "shard_like", "is_sharded", "layer_of"]
 
 SHARD_SUFFIX = "@SHARD"
 
@@ -62,6 +62,32 @@ ELEMENTWISE = {
 }
 # readers of a gradient after its producer that read only its shape
 _SHAPE_READERS = frozenset({"fill_zeros_like"})
+
+
+def layer_of(name):
+    """The layer parameter ``name`` belongs to: the unit ZeRO's collectives move at once.
+
+    The graph (``graph.passes.shard_collectives``) gathers the parameters of one layer
+    by one all-gather and reduce-scatters their gradients by one reduce-scatter (a
+    flat buffer of the layer's shards, rank by rank), as FSDP2 does for each module
+    it wraps: one network call per layer instead of one per parameter. A layer is read
+    off the name, which carries the module path: in an imported model
+    (``frontends.torch``) the path up to its last list index (``model.layers.3.attn.
+    q_proj.weight`` -> ``model.layers.3``: a transformer block, FSDP2's usual unit),
+    else the module path (``model.head.weight`` -> ``model.head``; a builder program's
+    ``fc_0.w_0`` -> ``fc_0``: a layer's weight and bias), and a name without a path is
+    a layer of its own. Only parameters with the same layer whose collectives are
+    adjacent in the graph's order join one call, so a name that repeats elsewhere in
+    the program never ties distant layers together; the memory a gather holds is then
+    at most one layer's (plus ``zero_prefetch`` layers ahead).
+    """
+    parts = name.split(".")[:-1]
+    if not parts:
+        return name
+    for k in range(len(parts) - 1, -1, -1):
+        if parts[k].isdigit():
+            return ".".join(parts[:k + 1])
+    return ".".join(parts)
 
 
 class ShardedParam:

@@ -127,13 +127,24 @@ class HandleCalls:
         world = _world(self.graph, coll)
 
         def body():
-            for name, shard_name, shape in zip(op.var_names, op.shard_names, op.shapes,
-                                               strict=True):
-                shards = self._tensors(shard_name, everyone, op)
-                outs = [torch.empty(world * t.numel(), dtype=t.dtype, device=t.device)
+            per = [self._tensors(s, everyone, op) for s in op.shard_names]
+            for ks in _by_dtype(per):  # one call a layer (one dtype: the usual case)
+                sizes = [per[k][0].numel() for k in ks]
+                if len(ks) == 1:
+                    shards = per[ks[0]]
+                else:  # each rank's chunk: its shards of the layer's parameters, in order
+                    shards = [torch.cat([per[k][pi].reshape(-1) for k in ks])
+                              for pi in range(len(everyone))]
+                c = sum(sizes)
+                outs = [torch.empty(world * c, dtype=t.dtype, device=t.device)
                         for t in shards]
                 op.apply(coll, (shards, outs), label)
-                gather_into(scopes, everyone, name, outs, shape)
+                offset = 0
+                for k, s in zip(ks, sizes, strict=True):
+                    parts = outs if len(ks) == 1 else \
+                        [o.view(world, c)[:, offset:offset + s].reshape(-1) for o in outs]
+                    gather_into(scopes, everyone, op.var_names[k], parts, op.shapes[k])
+                    offset += s
         return self._zero_fn(op, body)
 
     def _reduce_scatter_fn(self, op):
@@ -142,14 +153,31 @@ class HandleCalls:
         world = _world(self.graph, coll)
 
         def body():
-            for name, shard_name in zip(op.var_names, op.shard_names, strict=True):
-                grads = self._tensors(name, everyone, op)
-                fulls = [padded_flat(g, world) for g in grads]
-                shards = [torch.empty(f.numel() // world, dtype=f.dtype, device=f.device)
-                          for f in fulls]
+            per = [self._tensors(name, everyone, op) for name in op.var_names]
+            for ks in _by_dtype(per):  # one call a layer (one dtype: the usual case)
+                sizes = [-(-per[k][0].numel() // world) for k in ks]
+                c = sum(sizes)
+                fulls = []
+                for pi in range(len(everyone)):
+                    if len(ks) == 1:
+                        fulls.append(padded_flat(per[ks[0]][pi], world))
+                        continue
+                    # rank r's chunk: its slice of every gradient of the layer, in order
+                    t0 = per[ks[0]][pi]
+                    flat = torch.empty(world * c, dtype=t0.dtype, device=t0.device)
+                    rows, offset = flat.view(world, c), 0
+                    for k, s in zip(ks, sizes, strict=True):
+                        _put_padded(rows[:, offset:offset + s], per[k][pi])
+                        offset += s
+                    fulls.append(flat)
+                shards = [torch.empty(c, dtype=f.dtype, device=f.device) for f in fulls]
                 op.apply(coll, (fulls, shards), label)
-                for pi, t in zip(everyone, shards, strict=True):
-                    scopes[pi].vars[shard_name] = t
+                offset = 0
+                for k, s in zip(ks, sizes, strict=True):
+                    for pi, t in zip(everyone, shards, strict=True):
+                        scopes[pi].vars[op.shard_names[k]] = t if len(ks) == 1 else \
+                            t[offset:offset + s]
+                    offset += s
         return self._zero_fn(op, body)
 
     def _free_fn(self, op):
@@ -212,6 +240,29 @@ def _world(graph, collective):
     if layout is not None:
         return layout.world
     return len(graph.places) * getattr(collective, "processes", 1)
+
+
+def _by_dtype(per):
+    """Indices of ``per`` (per var, its tensors per place) grouped by dtype, in order: the
+    vars of a layer that one flat buffer can hold."""
+    groups = {}
+    for k, ts in enumerate(per):
+        groups.setdefault(ts[0].dtype, []).append(k)
+    return list(groups.values())
+
+
+def _put_padded(rows, t):
+    """Write ``t`` flattened into ``rows`` (``[W, S]``, a strided view of a flat buffer),
+    row by row, zero past its ``numel``."""
+    n, s = t.numel(), rows.shape[1]
+    full = n // s
+    flat = t.reshape(-1)
+    if full:
+        rows[:full].copy_(flat[:full * s].view(full, s))
+    if full < rows.shape[0]:
+        tail = torch.zeros(rows.shape[0] - full, s, dtype=rows.dtype, device=rows.device)
+        tail.view(-1)[:n - full * s] = flat[full * s:]
+        rows[full:].copy_(tail)
 
 
 def padded_flat(t, world):

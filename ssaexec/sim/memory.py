@@ -20,7 +20,7 @@ rank, zero-padded):
 
   - **gathered buffers** (stage 3): a parameter is gathered before use and freed after
     (``reshard_after_forward``); with ``zero_prefetch = k`` up to ``k + 1`` groups (the
-    parameters whose first reader is one op: a layer's weight and bias) are gathered at
+    adjacent parameters of one layer, ``program.shard.layer_of``) are gathered at
     once, so the largest ``k + 1`` consecutive groups; without resharding, every
     sharded parameter stays gathered through backward;
   - **unsharded gradients** (stages 2 and 3): a group's full gradients live from the
@@ -143,7 +143,10 @@ def _state(block, op, numel):
 
 
 def _groups(program, params):
-    """Parameters grouped by their first reader outside the update, in program order."""
+    """Parameters grouped as ZeRO's collectives move them (``program.shard.layer_of``):
+    by their first reader outside the update, in program order, adjacent ones of one
+    layer together."""
+    from ..program.shard import layer_of
     first = {}
     for i, op in enumerate(program.global_block().ops):
         if op.role == "optimize":
@@ -154,7 +157,14 @@ def _groups(program, params):
     groups = {}
     for n in params:
         groups.setdefault(first.get(n, -1), []).append(n)
-    return [groups[k] for k in sorted(groups)]
+    out = []
+    for k in sorted(groups):
+        for n in groups[k]:
+            if out and layer_of(out[-1][-1]) == layer_of(n):
+                out[-1].append(n)
+            else:
+                out.append([n])
+    return out
 
 
 def _window(sizes, k):

@@ -21,6 +21,7 @@ from ssaexec.graph.ssa import (AllGatherOpHandle, AllReduceOpHandle, AllReduceWa
                                ReduceScatterOpHandle, ScaleLossGradOpHandle)
 from ssaexec.core.place import cpu_places
 from ssaexec.core.strategy import BuildStrategy
+from ssaexec.program.shard import layer_of
 
 
 def around(name, prog="seed_mlp", places=2, fetch=True, **strategy):
@@ -227,19 +228,28 @@ def test_shard_collectives_reduce_scatter_each_gradient_and_gather_each_update(s
     assert not nodes_of(before, ReduceScatterOpHandle) and \
         not nodes_of(before, AllReduceOpHandle)  # insert_collectives left them to ZeRO
     g = materialize(after)
-    for sp in layout:
-        (rs,) = [h for h in g.ops_of_kind(ReduceScatterOpHandle) if h.var_names == [sp.grad]]
+    layer = {sp.grad: layer_of(sp.name) for sp in layout}
+    scatters = g.ops_of_kind(ReduceScatterOpHandle)
+    # one reduce-scatter a layer (fc_0..fc_2: its weight's and bias's gradients)
+    assert len(scatters) == 3 and sorted(n for h in scatters for n in h.var_names) == \
+        sorted(layer)
+    for rs in scatters:
+        assert len({layer[n] for n in rs.var_names}) == 1
         producer = {v.generated_op.op_index for v in rs.inputs if not v.is_dummy}
         writers = [h for h in g.ops if isinstance(h, ComputationOpHandle)
-                   and any(v.name == sp.grad for v in h.outputs)]
-        assert {h.op_index for h in writers} == producer  # right after the gradient's op
-        (ag,) = [h for h in g.ops_of_kind(AllGatherOpHandle) if h.var_names == [sp.name]]
-        upd = {v.generated_op for v in ag.inputs
-               if not v.is_dummy and v.name == sp.shard_name}
-        assert len(upd) == 3 and all(h.op.role == "optimize" for h in upd)  # every place
-        frees = [h for h in g.ops_of_kind(FreeOpHandle) if h.var_names == [sp.grad]]
-        assert len(frees) == (3 if stage == 2 else 0)  # stage 2 drops the full gradient
+                   and any(v.name in rs.var_names for v in h.outputs)]
+        assert {h.op_index for h in writers} == producer  # after the layer's gradient ops
+        frees = [h for h in g.ops_of_kind(FreeOpHandle) if h.var_names == rs.var_names]
+        assert len(frees) == (3 if stage == 2 else 0)  # stage 2 drops the full gradients
         assert all(rs in [d.generated_op for d in f.inputs] for f in frees)
+    gathers = g.ops_of_kind(AllGatherOpHandle)
+    assert len(gathers) == 3 and sorted(n for h in gathers for n in h.var_names) == \
+        sorted(sp.name for sp in layout)
+    for ag in gathers:  # after the updates of the layer's parameters on every place
+        upd = {v.generated_op for v in ag.inputs
+               if not v.is_dummy and v.name.endswith("@SHARD")}
+        assert len(upd) == 3 * len(ag.var_names) and \
+            all(h.op.role == "optimize" for h in upd)
     # every optimizer op on every place runs on the shards
     opt = [h for h in g.ops if isinstance(h, ComputationOpHandle) and h.op.role == "optimize"
            and h.op.role_var]
@@ -254,9 +264,9 @@ def test_stage3_gathers_before_first_use_frees_after_last_with_prefetch_edges(re
     g = build_ssa_graph(main, cpu_places(2), bs, [loss])
     g.lint()
     gathers = g.ops_of_kind(AllGatherOpHandle)
-    # a group: the parameters whose first reader (in a phase) is the same op; fc's
-    # weight (mul) and bias (elementwise_add) have different ones
-    assert len(gathers) == 6 * (2 if reshard else 1)
+    # a group: the adjacent parameters of one layer (program.shard.layer_of) in a
+    # phase: fc_i's weight (read by mul) and bias (by elementwise_add) together
+    assert len(gathers) == 3 * (2 if reshard else 1)
     assert sorted(n for h in gathers for n in h.var_names) == \
         sorted([sp.name for sp in g.shard_layout] * (2 if reshard else 1))
     for h in gathers:  # right before the group's first reader: the next handles
