@@ -11,7 +11,10 @@ did not run); the values the programs read before writing are checked against th
 declarations once, before any place holds them (``runtime.boundary``: the error names
 the startup program's op that wrote a misfit); under ZeRO (``program.shard``) each place gets its global rank's slice of every
 sharded parameter and optimizer state, cut from the full values in the executor's
-scope (``shard_persistables``).
+scope (``shard_persistables``), and the executor's scope then drops the full values
+that no place keeps whole (stage 3's parameters, every sharded optimizer state): a
+process holds each sharded var once, as its shards; ``ParallelExecutor.get_var`` and
+``gathered_state`` join them when asked.
 """
 
 import torch
@@ -80,13 +83,16 @@ def broadcast_persistables(programs, scope, places, local_scopes, owned, startup
                 ls.set_var(var.name, src.detach().to(place.device, copy=True))
 
 
-def shard_persistables(layout, scope, places, local_scopes, first_rank=0):
+def shard_persistables(layout, scope, places, local_scopes, first_rank=0, keep=None):
     """ZeRO: write each place's shards of the sharded parameters and state.
 
     Place ``i`` is global rank ``first_rank + i``; its ``p@SHARD`` is
     ``layout.shard_of(flat(p), rank)`` of the full value in ``scope`` (every process
     holds the same full values: rank 0's, after the start-up broadcast). A state var
     the scope lacks starts at zeros (as the optimizers' start-up programs make it).
+    ``keep`` (a set of names, the step programs' persistables), when given: every other
+    full value is then erased from ``scope`` once sliced, so the process does not hold
+    a whole copy of what its places hold as shards (ZeRO's memory is the point).
     """
     if layout is None:
         return
@@ -105,3 +111,5 @@ def shard_persistables(layout, scope, places, local_scopes, first_rank=0):
             for i, (place, ls) in enumerate(zip(places, local_scopes, strict=True)):
                 part = layout.shard_of(flat, first_rank + i, sp.shard_size)
                 ls.set_var(shard, part.to(place.device))
+            if keep is not None and full not in keep:
+                scope.erase(full)

@@ -190,7 +190,9 @@ class ParallelExecutor:
                                    {}, startup_program)
             shard_persistables(self.shard_layout(), self.scope, self.places,
                                self.local_scopes,
-                               self.build_strategy.trainer_id * len(self.places))
+                               self.build_strategy.trainer_id * len(self.places),
+                               keep={v.name for p in programs
+                                     for v in p.global_block().vars.values() if v.persistable})
             self._entry.trust(programs, self.local_scopes)
         except BaseException:
             self.close()

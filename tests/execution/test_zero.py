@@ -324,3 +324,25 @@ def test_a_free_after_a_reduce_scatter_keeps_backward_from_waiting_for_it():
                for h in seg.handles):
             assert not any(isinstance(p.handles[0], ReduceScatterOpHandle)
                            for p in seg.producers() if len(p.handles) == 1)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_executors_scope_keeps_no_whole_copy_of_what_the_places_shard(stage):
+    main, startup, loss = _model("mlp", opt="adamw")
+    scope = se.Scope()
+    with se.ParallelExecutor(se.cpu_places(2), main, startup, loss,
+                             se.BuildStrategy(zero_stage=stage), scope=scope) as pe:
+        layout = pe.shard_layout()
+        moments = [full for sp in layout for full, _ in sp.state]
+        assert len(moments) == 2 * len(layout)  # AdamW's two moments a parameter
+        assert not any(n in scope.vars for n in moments)
+        for sp in layout:
+            if stage == 3:
+                assert sp.name not in scope.vars
+            else:  # the parameter place 0 holds whole and updates: the same tensor
+                assert scope.vars[sp.name] is pe.local_scopes[0].vars[sp.name]
+        pe.run([loss], feed=_feeds("mlp", steps=1)[0])
+        # what the places hold is still readable whole
+        state = pe.gathered_state()
+        assert all(n in state for n in moments) and all(sp.name in state for sp in layout)
+        assert torch.equal(pe.get_var(moments[0]), state[moments[0]])
