@@ -19,6 +19,9 @@ Modes: ``ssaexec`` (``compiler=None``: the straight-line path), ``ssaexec-induct
 is reported), ``torch-compile`` (its first step compiles) and ``torch-eager``. The models
 are ``ssaexec bench``'s presets (``ssaexec.harness.workloads``), one CPU place.
 
+The measurement is ``ssaexec.harness.time_to_steps`` (``run_fresh``, ``tier_report``),
+the same definitions as ``ssaexec bench``'s time-to-N columns; here every step is run.
+
 Figures: for each mode and N the median over rounds, and the ratio against
 ``torch-compile`` and ``ssaexec``; ``ssaexec-auto``'s switch step and its time per step
 before and after the switch.
@@ -36,26 +39,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("ssaexec", "ssaexec-inductor", "ssaexec-auto", "torch-compile", "torch-eager")
 MODELS = ("transformer", "hf-llama", "hf-bert", "quick")
+# the ssaexec modes' compilers (the harness's trainers otherwise)
 COMPILERS = {"ssaexec": None, "ssaexec-inductor": "inductor", "ssaexec-auto": "auto"}
 
 
-def _trainer(model, mode):
-    """``mode``'s trainer for ``model``'s preset, one CPU place, not yet stepped."""
+def trainer(model, mode):
+    """``mode``'s trainer (bench/time_to_steps.py's names) for ``model``'s preset of
+    ``ssaexec bench``, one CPU place, not yet stepped (torch.compile compiles at its first
+    step, which counts as one of the steps)."""
     import torch
     from ssaexec.harness import cli, runners
-    ap = argparse.ArgumentParser()
-    cli.add_arguments(ap)
+    ap = cli.add_arguments(argparse.ArgumentParser())
     s = cli.settings(ap.parse_args(["--quick"] if model == "quick" else ["--model", model]))
     torch.set_num_threads(s.get("torch_threads") or os.cpu_count())
     cfg = {"mode": mode, "places": 1, "device": "cpu", "settings": s}
     if mode == "torch-eager":
         return runners.EagerTrainer(cfg)
     if mode == "torch-compile":
-        # torch.compile compiles at its first step: the class's own __init__ would take it
-        # (and time it apart); here it is the first of the steps counted
-        trainer = runners.EagerTrainer.__new__(runners.CompileTrainer)
-        runners.EagerTrainer.__init__(trainer, cfg)
-        return trainer
+        # the class's own __init__ would run (and time apart) the compiling first step
+        t = runners.EagerTrainer.__new__(runners.CompileTrainer)
+        runners.EagerTrainer.__init__(t, cfg)
+        return t
 
     class Trainer(runners.FromTorchTrainer):
         compiler = COMPILERS[mode]
@@ -63,40 +67,37 @@ def _trainer(model, mode):
     return Trainer(cfg)
 
 
-def worker(model, mode, steps):
-    """In this process: time ``mode`` to each of ``steps`` and print one JSON line."""
+def run_fresh(model, mode, steps):
+    """In this process (fresh, by its caller's design): build ``mode``'s trainer and run
+    ``max(steps)`` steps; the result dict (``import_s``, ``build_s``, ``to_step`` for each
+    of ``steps``, and for ``ssaexec-auto`` what ``tier_report`` says)."""
     t_import = time.perf_counter()
     import torch  # noqa: F401
     import ssaexec  # noqa: F401
     import_s = time.perf_counter() - t_import
+    from ssaexec.harness.time_to_steps import tier_report, to_step
     marks = sorted(steps)
     t0 = time.perf_counter()
-    trainer = _trainer(model, mode)
+    t = trainer(model, mode)
     build_s = time.perf_counter() - t0
-    out, times = {}, []
-    for i in range(1, marks[-1] + 1):
+    times, ends = [], []
+    for _ in range(marks[-1]):
         ts = time.perf_counter()
-        trainer.step()  # returns the loss as a float: the step is complete
-        times.append(time.perf_counter() - ts)
-        if i in marks:
-            out[str(i)] = time.perf_counter() - t0
-    result = {"import_s": import_s, "build_s": build_s, "to_step": out}
-    pe = getattr(trainer, "pe", None)
-    if mode == "ssaexec-auto" and pe is not None:
-        lowerings = [r.lowering for r in pe._runners._runners.values()
-                     if hasattr(r.lowering, "switches")]
-        switches = [s for low in lowerings for s in low.switches]
-        # the background compile's seconds by phase (trace, worker, load)
-        result["phases"] = {k: sum(low.times[k] for low in lowerings)
-                            for k in ("trace", "worker", "load")}
-        if switches:
-            at = switches[0][0]
-            result.update(switch_step=at, compile_s=switches[0][1],
-                          before_ms=1e3 * statistics.median(times[:at]) if at else None,
-                          after_ms=1e3 * statistics.median(times[at:]) if at < len(times)
-                          else None)
-    trainer.close()
-    print(json.dumps(result))
+        t.step()  # returns the loss as a float: the step is complete
+        ends.append(time.perf_counter())
+        times.append(ends[-1] - ts)
+    result = {"import_s": import_s, "build_s": build_s,
+              "to_step": to_step(ends, t0, marks)["to_step"]}
+    if mode == "ssaexec-auto" and getattr(t, "pe", None) is not None:
+        result.update(tier_report(t.pe, times) or {})
+    t.close()
+    return result
+
+
+def worker(model, mode, steps):
+    """In this process: time ``mode`` to each of ``steps`` and print one JSON line (the
+    counts are ``ssaexec.harness.time_to_steps``'s, as in ``ssaexec bench``)."""
+    print(json.dumps(run_fresh(model, mode, steps)))
 
 
 def measure(model, mode, steps):

@@ -1,5 +1,11 @@
 """The harness's command line and its run: options -> settings -> plan -> workers -> report.
 
+Modes. ``ssaexec`` is ssaexec as users get it: ``ExecutionStrategy``'s default compiler
+(``compiler="auto"``, tiered, where Inductor can run; its worker warms up until the switch);
+``ssaexec-none`` asks for ``compiler=None`` (the straight-line path), ``ssaexec-inductor``
+for ``compiler="inductor"`` (a blocking compile). Every run reports its compile seconds and
+the time to 1, 100 and 1000 steps, compile included (``harness.time_to_steps``).
+
 Policy. Presets fill in every setting the command line leaves out (``--preset``,
 ``--quick``; ``--model transformer``, ``hf-bert`` and ``hf-llama`` pick the preset of
 that name, whose ``modes`` replace the default modes). The plan
@@ -27,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .time_to_steps import SETTLE_S
 from .workloads import model_kwargs, title_size
 from .results import compare, load_average, machine_description, report, summarise
 
@@ -35,13 +42,14 @@ __all__ = ["MODES", "DEFAULT_MODES", "SCHEMA", "PRESETS", "add_arguments", "sett
 
 DESCRIPTION = "Benchmark harness: images/sec of one model trained in several modes, in one run."
 
-MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp", "torch-compile-ddp",
+MODES = ("seq", "ssaexec", "ssaexec-none", "torch-eager", "torch-compile", "torch-ddp",
+         "torch-compile-ddp",
          "ssaexec-from-torch",
          "ssaexec-nproc", "ssaexec-inductor", "ssaexec-inductor-nproc")
 # the modes run as processes under torchrun (``--nproc``, default 2), on the place counts
 # those processes divide
 NPROC_MODES = ("ssaexec-nproc", "ssaexec-inductor-nproc")
-DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
+DEFAULT_MODES = ("seq", "ssaexec", "ssaexec-none", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
 # Presets fill in every setting the command line leaves out.
@@ -82,7 +90,7 @@ _DEFAULTS = dict(model="resnet18", image_size=32, base=64, classes=10, in_dim=78
                  hidden="128,64", cardinality=32, width=4, d_model=32, heads=2, layers=2,
                  seq_len=16, vocab=1000, batch_per_place=32, warmup=2, steps=3, repeats=3,
                  optimizer="momentum", lr=0.01, seed=0, torch_threads=None, amp=None,
-                 cuda_graph=False)
+                 cuda_graph=False, settle_s=SETTLE_S)
 
 
 def add_arguments(ap):
@@ -121,6 +129,10 @@ def add_arguments(ap):
                     help="torch threads of a one-process mode, at most (default: every core; "
                          "1 with the transformer preset); several places or DDP processes "
                          "share the cores")
+    ap.add_argument("--settle-s", type=float, default=None,
+                    help="ssaexec's default compiler (tiered): seconds its worker steps on, "
+                         "at most, waiting for the switch to the compiled segments before "
+                         f"the timed windows (default {SETTLE_S:g}; make demo: less)")
     ap.add_argument("--amp", choices=["bf16", "fp16"], default=None,
                     help="mixed precision: ExecutionStrategy(amp=...) for ssaexec, "
                          "torch.autocast (and a GradScaler for fp16) for the torch modes")
@@ -275,6 +287,10 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
             fail(i, w, e)
             return None
         runs[i].update(setup_s=ready["setup_s"], compile_s=ready.get("compile_s"),
+                       compile_blocks=ready.get("compile_blocks", True),
+                       tiers=ready.get("tiers"), to_step=ready.get("to_step", {}),
+                       steps_run=ready.get("steps_run", 0),
+                       steps_run_s=ready.get("steps_run_s"),
                        warmup_losses=ready["warmup_losses"],
                        baseline_rss_mb=ready["baseline_rss_mb"],
                        torch_threads=ready["torch_threads"])
@@ -309,9 +325,11 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
 
     try:
         if interleave:
-            # set-up and warm-up are not timed: let the workers do them at once
-            launched = [WorkerProcess(c, log_dir, on_step) for c in configs]
+            # the workers import at once, then build and warm up one at a time: a compile's
+            # seconds and the time to step N are the mode's own, not shared with another's
+            launched = [WorkerProcess(c, log_dir, on_step, begin=False) for c in configs]
             for i, w in enumerate(launched):
+                w.begin()
                 if start(i, w) is not None:
                     alive[i] = w
             for r in range(repeats):

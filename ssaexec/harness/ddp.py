@@ -59,8 +59,7 @@ class DDPRank(EagerTrainer):
         self.compile_s = None
         if self.compiled:  # every rank compiles; the collectives meet in the first step
             t0 = time.perf_counter()
-            self.step()
-            self.sync()
+            self.counted_step()
             self.compile_s = time.perf_counter() - t0
 
     def wrap(self, model):

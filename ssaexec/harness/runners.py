@@ -5,7 +5,12 @@ trains one batch and returns its loss. The peers:
 
 * ``SeqTrainer`` (``seq``): the sequential ``Executor`` on one place;
 * ``ParallelTrainer`` (``ssaexec``): ``ParallelExecutor`` over the places, or
-  over this process's share of them under torchrun (``ssaexec-nproc``);
+  over this process's share of them under torchrun (``ssaexec-nproc``), as users get it:
+  ``ExecutionStrategy``'s default compiler (``compiler="auto"`` where Inductor can run:
+  tiered, ``runtime.tiered``); its warm-up goes on until the runner has switched to the
+  compiled segments (``settle``), so the timed windows are the steady state;
+* ``StraightTrainer`` (``ssaexec-none``): the same with ``compiler=None``, the
+  straight-line compiled path only;
 * ``FromTorchTrainer`` (``ssaexec-from-torch``): ``ParallelExecutor`` running the
   twin converted by ``from_torch``;
 * ``EagerTrainer`` (``torch-eager``): the ``torch.nn`` twin in a plain loop (under
@@ -19,7 +24,10 @@ trains one batch and returns its loss. The peers:
 
 Timing policy: ``warm_up`` runs untimed steps; ``window`` runs ``steps`` timed
 steps and returns (seconds, step seconds, losses, CPU seconds of this
-process). On CUDA every step is synchronised before its time is taken, so a
+process). ``ends`` keeps the ``perf_counter`` time at the end of every untimed step
+(those the constructor ran to compile included), from which the worker reports the
+time to step N (``harness.time_to_steps``). On CUDA every step is synchronised
+before its time is taken, so a
 step's time is its device time too. Memory: ``rss_mb`` (now) and
 ``peak_rss_mb`` (``ru_maxrss``) of this process; ``cuda_peak_mb`` of a trainer
 is ``torch.cuda.max_memory_allocated`` of its largest place.
@@ -29,13 +37,16 @@ import resource
 import sys
 import time
 
+from .time_to_steps import SETTLE_S, tier_report
+
 from .workloads import (
     IMPORTED, build_program, from_torch_program, initial_twin, load_twins, place_samples,
     torch_optimizer
 )
 
-__all__ = ["Trainer", "SeqTrainer", "ParallelTrainer", "FromTorchTrainer", "EagerTrainer",
-           "CompileTrainer", "TRAINERS", "rss_mb", "peak_rss_mb"]
+__all__ = ["Trainer", "SeqTrainer", "ParallelTrainer", "StraightTrainer", "FromTorchTrainer",
+           "InductorTrainer", "EagerTrainer", "CompileTrainer", "TRAINERS", "rss_mb",
+           "peak_rss_mb"]
 
 
 def rss_mb():
@@ -60,9 +71,18 @@ class Trainer:
     """One mode's training loop: ``step()`` trains one batch and returns its loss."""
 
     device = "cpu"
+    compile_s = None  # seconds its compile took (blocking, or in the background)
+    compile_blocks = True  # whether the steps waited for that compile
 
     def step(self):
         raise NotImplementedError
+
+    def counted_step(self):
+        """``step()``, its end time kept in ``ends`` (the untimed steps: time to step N)."""
+        loss = self.step()
+        self.sync()
+        self.__dict__.setdefault("ends", []).append(time.perf_counter())
+        return loss
 
     def sync(self):
         if self.device != "cpu":
@@ -73,9 +93,8 @@ class Trainer:
         """``n`` untimed steps (``on_step()`` after each); their losses."""
         losses = []
         for _ in range(n):
-            losses.append(self.step())
+            losses.append(self.counted_step())
             on_step()
-        self.sync()
         return losses
 
     def window(self, steps, on_step):
@@ -134,11 +153,11 @@ class ParallelTrainer(Trainer):
     ``places`` CPU places or GPUs); ``first_place`` is the index of the first of them
     among all places (under torchrun, this process's share), which picks its samples."""
 
-    compiler = None  # ExecutionStrategy(compiler=...)
+    compiler = "default"  # ExecutionStrategy(compiler=...): the library's default
 
     def __init__(self, cfg, places=None, first_place=0):
         import ssaexec as se
-        s = cfg["settings"]
+        s = self.settings = cfg["settings"]
         self.device = cfg["device"]
         n = cfg["places"]
         self.places = places or self.places_of(cfg)
@@ -169,6 +188,26 @@ class ParallelTrainer(Trainer):
         loss, = self.pe.run([self.loss], feed=self.feed)
         return float(loss)
 
+    def warm_up(self, n, on_step):
+        """``n`` untimed steps, then more (not counted by ``on_step``) until a tiered
+        runner has switched to its compiled segments, at most ``settle_s`` seconds (the
+        settings', default ``SETTLE_S``): the timed windows measure the steady state.
+        ``tiers`` then says how (``tier_report``)."""
+        losses = super().warm_up(n, on_step)
+        if not losses:
+            self.counted_step()  # the runner exists from the first step on
+        start = time.perf_counter()
+        settle_s = self.settings.get("settle_s", SETTLE_S)
+        tiers = tier_report(self.pe)
+        while tiers is not None and tiers.get("switch_step") is None and \
+                time.perf_counter() - start < settle_s:
+            self.counted_step()
+            tiers = tier_report(self.pe)
+        self.tiers = tiers
+        if tiers is not None:  # the compile ran in the background: no step waited for it
+            self.compile_s, self.compile_blocks = tiers.get("compile_s"), False
+        return losses
+
     def cuda_peak_mb(self):
         import torch
         if self.device != "cuda":
@@ -177,6 +216,12 @@ class ParallelTrainer(Trainer):
 
     def close(self):
         self.pe.close()
+
+
+class StraightTrainer(ParallelTrainer):
+    """``ssaexec-none``: ``ParallelTrainer`` with ``compiler=None`` (no compile)."""
+
+    compiler = None
 
 
 class FromTorchTrainer(ParallelTrainer):
@@ -203,9 +248,8 @@ class InductorTrainer(FromTorchTrainer):
     def __init__(self, cfg, places=None, first_place=0):
         super().__init__(cfg, places, first_place)
         t0 = time.perf_counter()
-        self.step()
-        self.step()
-        self.sync()
+        self.counted_step()
+        self.counted_step()
         self.compile_s = time.perf_counter() - t0
 
 
@@ -260,8 +304,7 @@ class CompileTrainer(EagerTrainer):
     def __init__(self, cfg, rank=0):
         super().__init__(cfg, rank)
         t0 = time.perf_counter()
-        self.step()
-        self.sync()
+        self.counted_step()
         self.compile_s = time.perf_counter() - t0
 
     def wrap(self, model):
@@ -270,6 +313,7 @@ class CompileTrainer(EagerTrainer):
 
 
 # mode -> trainer class, for the modes that run in one process
-TRAINERS = {"seq": SeqTrainer, "ssaexec": ParallelTrainer, "torch-eager": EagerTrainer,
+TRAINERS = {"seq": SeqTrainer, "ssaexec": ParallelTrainer, "ssaexec-none": StraightTrainer,
+            "torch-eager": EagerTrainer,
             "torch-compile": CompileTrainer, "ssaexec-from-torch": FromTorchTrainer,
             "ssaexec-inductor": InductorTrainer}

@@ -44,6 +44,7 @@ from ..core.place import available_cores
 from .ddp import DDPGroup
 from .workloads import repo_root
 from .runners import TRAINERS, InductorTrainer, ParallelTrainer, peak_rss_mb, rss_mb
+from .time_to_steps import to_step
 
 __all__ = ["WorkerProcess", "WorkerError", "serve", "serve_torchrun", "die_with_parent"]
 
@@ -60,7 +61,7 @@ class WorkerError(RuntimeError):
 class WorkerProcess:
     """The harness's handle on one worker process (``cfg`` is its config)."""
 
-    def __init__(self, cfg, log_dir, on_step):
+    def __init__(self, cfg, log_dir, on_step, begin=True):
         self.cfg = cfg
         self.on_step = on_step
         self.log_path = Path(log_dir) / f"{cfg['mode']}-{cfg['places']}.log"
@@ -79,7 +80,13 @@ class WorkerProcess:
             cmd,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
             bufsize=1, env=env, cwd=root)
-        self.send(json.dumps(cfg))
+        if begin:
+            self.begin()
+
+    def begin(self):
+        """Send the config: the worker builds its model and warms up (until then it has
+        only imported; ``begin=False`` lets the harness start the builds one at a time)."""
+        self.send(json.dumps(self.cfg))
 
     def send(self, line):
         self.proc.stdin.write(line + "\n")
@@ -142,6 +149,16 @@ def _take_stdout(speaks=True):
     return emit
 
 
+def _ready_message(t0, peer, **more):
+    """The ``ready`` message: set-up seconds, the compile (its seconds, whether steps
+    waited for it, what a tiered runner did) and the time to each step run so far."""
+    ends = getattr(getattr(peer, "rank0", peer), "ends", [])
+    return dict(event="ready", setup_s=time.perf_counter() - t0,
+                compile_s=getattr(peer, "compile_s", None),
+                compile_blocks=getattr(peer, "compile_blocks", True),
+                tiers=getattr(peer, "tiers", None), **to_step(ends, t0), **more)
+
+
 def _window_message(seconds, step_seconds, losses, cpu_seconds):
     return {"event": "window", "seconds": seconds, "step_seconds": step_seconds,
             "losses": losses, "cpu_seconds": cpu_seconds}
@@ -170,9 +187,8 @@ def serve():
             peer = TRAINERS[mode](cfg)
             warm = peer.warm_up(cfg["warmup"], on_step)
             threads = torch.get_num_threads()
-        emit({"event": "ready", "setup_s": time.perf_counter() - t0, "warmup_losses": warm,
-              "baseline_rss_mb": baseline, "torch_threads": threads,
-              "compile_s": getattr(peer, "compile_s", None)})
+        emit(_ready_message(t0, peer, warmup_losses=warm, baseline_rss_mb=baseline,
+                            torch_threads=threads))
         for line in sys.stdin:
             if line.strip() == "exit":
                 break
@@ -244,11 +260,10 @@ def serve_torchrun():
         assert trainer.pe.distributed or world == 1
         warm = _mean_over_ranks(coll, trainer.warm_up(cfg["warmup"], on_step))
         baselines = coll.gather_objects(baseline, "gather of the baseline RSS")
-        emit({"event": "ready", "setup_s": time.perf_counter() - t0, "warmup_losses": warm,
-              "baseline_rss_mb": sum(b or 0 for b in baselines),
-              "torch_threads": torch.get_num_threads(), "processes": coll.world_size,
-              "places_per_process": len(trainer.places),
-              "compile_s": getattr(trainer, "compile_s", None)})
+        emit(_ready_message(t0, trainer, warmup_losses=warm,
+                            baseline_rss_mb=sum(b or 0 for b in baselines),
+                            torch_threads=torch.get_num_threads(), processes=coll.world_size,
+                            places_per_process=len(trainer.places)))
         while next_line() == "run":
             everyone = coll.gather_objects(trainer.window(cfg["steps"], on_step),
                                            "gather of the timings")
