@@ -28,8 +28,8 @@ from ..data.synthetic import synthetic_feed
 from .common import (UsageError, build_strategy, load_program_file, load_startup_file,
                      places_from, positive)
 
-__all__ = ["COMPILER_CHOICES", "compiler_of", "execution_options", "Setup", "setup", "print_header",
-           "print_step", "throughput"]
+__all__ = ["COMPILER_CHOICES", "compiler_of", "execution_options", "Setup", "setup",
+           "print_header", "print_step", "throughput"]
 
 Setup = namedtuple("Setup", "pe main loss feed_of batch notes")
 
