@@ -77,10 +77,10 @@ class BuildStrategy:
         in forward and gathers it again for backward (least memory); False keeps it
         from forward to the end of backward (one gather a step fewer).
     zero_prefetch : int
-        Stage 3: how many parameter groups (the parameters whose first reader is the
-        same op: a layer) may be gathered ahead of the compute that reads them; the
-        gather of group k waits for the first reader of group k-1-zero_prefetch
-        (a ``prefetch`` dummy edge). Bounds the gathered memory.
+        Stage 3: how many parameter groups (a layer's parameters, gathered by one
+        call: ``program.shard.layer_of``) may be gathered ahead of the compute that
+        reads them; the gather of group k waits for the first reader of group
+        k-1-zero_prefetch (a ``prefetch`` dummy edge). Bounds the gathered memory.
     zero_gather_dtype : {None, "bf16", "fp16"}
         All-gather floating parameters in this type (half the bytes) and cast back;
         None: in their own type. Gradients are reduce-scattered in their own type
