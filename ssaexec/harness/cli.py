@@ -18,8 +18,10 @@ Each worker (``ssaexec.harness.worker``) builds its model and warms up, then the
 harness asks each in turn for a window of ``steps`` timed steps, ``repeats``
 rounds, the order rotating every round. Interleaving the windows means a burst
 of load from another process on a shared machine hits every mode alike instead
-of one of them; ``--no-interleave`` runs each worker to the end before starting
-the next (the default on GPUs, where idle workers would hold device memory). A
+of one of them (but a worker of ssaexec's tiered default whose background compile
+is still running after its warm-up runs its windows at once and ends, so that compile
+does not load the others' windows); ``--no-interleave`` runs each worker to the end
+before starting the next (the default on GPUs, where idle workers would hold device memory). A
 worker that fails is reported in its run (``error``) and the others go on.
 
 Threads (CPU): one-process modes get every core (at most ``--torch-threads``);
@@ -327,16 +329,27 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
         if interleave:
             # the workers import at once, then build and warm up one at a time: a compile's
             # seconds and the time to step N are the mode's own, not shared with another's
+            # ssaexec's tiered default still compiling after its warm-up: its windows run at
+            # once and it ends, so its background compile does not load the others' windows
             launched = [WorkerProcess(c, log_dir, on_step, begin=False) for c in configs]
+            early = set()
             for i, w in enumerate(launched):
                 w.begin()
                 if start(i, w) is not None:
                     alive[i] = w
+                    tiers = runs[i].get("tiers")
+                    if tiers is not None and tiers.get("switch_step") is None:
+                        early.add(i)
+                        for _ in range(repeats):
+                            if i in alive:
+                                window(i)
+                        if i in alive:
+                            finish(i)
             for r in range(repeats):
                 order = list(range(len(configs)))
                 k = r % len(order)
                 for i in order[k:] + order[:k]:
-                    if i in alive:
+                    if i in alive and i not in early:
                         window(i)
             for i in list(alive):
                 finish(i)

@@ -63,6 +63,7 @@ def test_the_default_against_torch_compile_in_time_to_1000_is_a_target():
     assert c["target"] == ">= 1.0"
 
 
+@pytest.mark.slow  # five workers, one of them compiling with torch.compile: ~30 s
 @pytest.mark.timeout(300)
 def test_bench_prints_time_to_n_beside_images_per_sec_and_the_headline(tmp_path, capsys):
     """A tiny run of the demo's modes on one place (torch-ddp at one place is one
