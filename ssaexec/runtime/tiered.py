@@ -471,13 +471,19 @@ class _Job:
 
 
 def _cache_dir():
-    """Inductor's on-disk cache directory (where its FX graph cache lives)."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-        return cache_dir()
-    except Exception:  # noqa: BLE001 - another torch: its documented default
-        return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
-            tempfile.gettempdir(), "torchinductor_" + _user())
+    """Inductor's on-disk cache directory (where its FX graph cache lives), as
+    ``torch._inductor.runtime.cache_dir_utils.cache_dir`` says it, without importing
+    Inductor: that import (the package's ``__init__``) took 0.8-1.9 s, and this runs in the
+    training thread, at the step that submits the compiles."""
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if utils is not None:
+        try:
+            return utils.cache_dir()
+        except Exception:  # noqa: BLE001 - another torch: its documented default below
+            pass
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user()))
+    return os.path.abspath(path)
 
 
 def _user():
@@ -485,7 +491,8 @@ def _user():
         import getpass
         return getpass.getuser()
     except Exception:  # noqa: BLE001
-        return "unknown"
+        getuid = getattr(os, "getuid", None)
+        return f"uid_{getuid()}" if callable(getuid) else "unknown_user"
 
 
 def _describe(value):

@@ -202,3 +202,27 @@ def test_a_graph_that_cannot_reach_the_worker_is_compiled_here():
     why = worker.compile(lambda: None, [])
     assert why.startswith("the compile worker failed (") and worker.proc is None
     assert worker.compile(None, []) == why
+
+
+_CACHE_DIR = textwrap.dedent("""
+    import os, sys
+    from ssaexec.runtime.tiered import _cache_dir
+    ours = _cache_dir()
+    assert "torch._inductor" not in sys.modules, "the cache path imported Inductor"
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    print(ours == cache_dir(), ours)
+""")
+
+
+@pytest.mark.parametrize("where", [None, "rel/cache"])
+def test_the_cache_path_is_inductors_without_importing_it(tmp_path, where):
+    """The step that submits the compiles names each segment's warm-cache marker: in the
+    training thread, so without Inductor's import (0.8-1.9 s), and at Inductor's path."""
+    env = dict(os.environ)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if where is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = where
+    out = subprocess.run([sys.executable, "-c", _CACHE_DIR], env=env, text=True, cwd=tmp_path,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True "), out.stdout
