@@ -51,7 +51,7 @@ MODES = ("seq", "ssaexec", "ssaexec-none", "torch-eager", "torch-compile", "torc
 # the modes run as processes under torchrun (``--nproc``, default 2), on the place counts
 # those processes divide
 NPROC_MODES = ("ssaexec-nproc", "ssaexec-inductor-nproc")
-DEFAULT_MODES = ("seq", "ssaexec", "ssaexec-none", "torch-eager", "torch-compile", "torch-ddp")
+DEFAULT_MODES = ("seq", "ssaexec", "torch-eager", "torch-compile", "torch-ddp")
 SCHEMA = "ssaexec-bench/1"
 
 # Presets fill in every setting the command line leaves out.
