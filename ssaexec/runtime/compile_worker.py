@@ -33,8 +33,20 @@ import threading
 __all__ = ["CompileWorker", "main", "portable"]
 
 
-_ENTRY = "from ssaexec.runtime.compile_worker import main; main()"
-NICE = 19  # the worker's scheduling priority, lowest (see main)
+NICE = 19  # the worker's scheduling priority, lowest (see _ENTRY)
+# The training process first: on a busy machine the worker (and the C++ compilers it
+# starts, which inherit its priority) takes the cycles left over, so the running steps
+# lose as little as they can; on idle cores it changes nothing. Its priority is lowered
+# before anything is imported: its imports (torch, this package, Inductor: seconds of CPU)
+# at the normal priority made a small MLP's steps 2-3x slower for their 2-4 s on 2 loaded
+# cores, and within the noise once lowered first (bench50.md)
+_ENTRY = ("import os\n"
+          "try:\n"
+          f"    os.nice({NICE})\n"
+          "except (AttributeError, OSError):\n"
+          "    pass\n"
+          "from ssaexec.runtime.compile_worker import main\n"
+          "main()")
 
 
 def _frame(stream, payload):
@@ -130,13 +142,7 @@ def main():
     """The worker's loop: read a graph, compile it, answer; until stdin closes."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever Inductor prints goes to stderr, not into the answers
-    try:
-        # the training process first: on a busy machine the compile (and the C++
-        # compilers it starts, which inherit this) takes the cycles left over, so the
-        # running steps lose as little as they can; on idle cores it changes nothing
-        os.nice(NICE)
-    except (AttributeError, OSError):
-        pass
+    # (its priority was lowered first thing: _ENTRY)
     import torch
     import torch._inductor.compile_fx  # noqa: F401 - what the training process has imported
 
