@@ -40,8 +40,11 @@ process-wide state); the compile proper runs in a worker process
 on-disk cache; the thread then compiles the same graph again, a load from that cache. A
 compile in the thread itself (``SSAEXEC_COMPILE_WORKER=thread``) holds the interpreter lock
 for seconds: on 2 cores a small MLP's steps ran 2.3x slower for the whole compile, against
-none while the worker compiles and about 2.3x only while this process imports Inductor,
-traces and loads (``_yielding`` hands the lock back every ``SWITCH_S`` meanwhile).
+nothing measurable while the worker compiles; what is left is this process's own Python in
+the background (the trace, a fraction of a second; Inductor's import and the loads, seconds:
+``_yielding`` hands the lock back every ``SWITCH_S`` meanwhile). The training thread itself
+imports nothing of Inductor's (``_cache_dir``); the background thread does, from the trace
+on (``make_fx`` imports Inductor's package: 0.8 s).
 
 Cache across runs. Inductor keeps each compiled graph in its on-disk FX graph cache
 (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``, kept across runs
