@@ -33,15 +33,17 @@ __all__ = ["load_digits_split", "DigitsCNN", "train_digits", "DEMO_BENCH", "shor
 
 # the demo's benchmark: (what it shows, ``ssaexec bench`` arguments), each run in turn.
 # ssaexec's default compiles in the background while its steps run; the demo waits for its
-# switch to the compiled segments at most DEMO_SETTLE_S seconds a run (a compile that takes
-# longer is said, and the figures are the straight-line steps'), to stay a few minutes
+# switch to the compiled segments at most --settle-s seconds a run (a compile that takes
+# longer is said, and the figures are the straight-line steps'), to stay a few minutes:
+# 30 s on the transformer (one torch thread: a core is left for the compile), 10 s on the
+# ResNet (its steps keep every core busy, so on a small machine the background compile,
+# at the lowest priority, waits for them)
 DEMO_MODES = "ssaexec,torch-eager,torch-compile,torch-ddp"
-DEMO_SETTLE_S = 30
 DEMO_BENCH = (
     ("a launch-bound model: the small transformer",
-     ["--preset", "transformer", "--modes", DEMO_MODES, "--settle-s", str(DEMO_SETTLE_S)]),
+     ["--preset", "transformer", "--modes", DEMO_MODES, "--settle-s", "30"]),
     ("a kernel-bound model: ResNet-18 at a quarter of the width",
-     ["--quick", "--modes", DEMO_MODES, "--settle-s", str(DEMO_SETTLE_S)]),
+     ["--quick", "--modes", DEMO_MODES, "--settle-s", "10"]),
 )
 
 
