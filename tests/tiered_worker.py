@@ -1,14 +1,15 @@
-"""One process of the multi-process tiered compilation test (tests/dist/test_tiered_processes.py
-starts two with ``zero_worker.Workers``'s environment; run as ``python tests/tiered_worker.py
-OUT_DIR``).
+"""One process of the multi-process tiered compilation test
+(tests/dist/test_tiered_processes.py starts two, with ``zero_worker``'s environment; run as
+``python tests/tiered_worker.py OUT_DIR``).
 
 Each rank trains the small Adam MLP of ``tests/runtime/test_tiered.py`` (float32) on its
 half of the same global batches, twice: with ``compiler="auto"`` and with ``compiler=None``
 (the oracle). Under "auto", rank 0 waits for its background compiles after step 2 (it is
 ready at the first agreement, at the start of step 3) and rank 1 only after step 3 (it is
-ready at the second, ``AGREE_EVERY`` steps later and read a step after, unless its compiles ended in time for
-the first): the ranks must still switch at the same step, one of those two. Last, an evaluation
-program (no collective: a rank could run it alone) under "auto" runs the compiled path. Each rank writes ``OUT_DIR/rank<r>.pt``: the switches, the
+ready at the second, ``AGREE_EVERY`` steps later and read a step after, unless its
+compiles ended in time for the first): the ranks must still switch at the same step, one
+of those two. Last, an evaluation program (no collective: a rank could run it alone) under
+"auto" runs the compiled path. Each rank writes ``OUT_DIR/rank<r>.pt``: the switches, the
 steps each tier ran, the parameters of both runs and what the evaluation runner is.
 """
 

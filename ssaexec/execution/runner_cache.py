@@ -7,14 +7,14 @@ per-op path), the AMP mode, the phase ("apply" or "accumulate") and the compiler
 (``"inductor"``, ``"auto"`` or None). The key is read from the strategies at each call, so a
 strategy changed between steps gets its own runner.
 
-Policy. ``compiler="inductor"`` runs ``runtime.runner.Runner`` with
-``InductorLowering``; ``compiler="auto"`` runs ``runtime.tiered.TieredRunner`` (straight-line
-code at once, Inductor's graphs from a step boundary on), or, where
-``tiered.straight_reason`` gives a reason (said once), the compiled path; so does a
-runner of a multi-process run whose graph holds no cross-process collective (one rank may
-run it alone, so the ranks could not agree on its tier: ``tiered.agrees``); else the compiled
-path runs ``CompiledRunner`` and the readable one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under a
-compiler, gradients go in buckets unless the strategy says otherwise (the default is
+Policy. ``compiler="inductor"`` runs ``runtime.runner.Runner`` with ``InductorLowering``;
+``compiler="auto"`` runs ``runtime.tiered.TieredRunner`` (straight-line code at once,
+Inductor's graphs from a step boundary on), or, where ``tiered.straight_reason`` gives a
+reason (said once), the compiled path; so does a runner of a multi-process run whose graph
+holds no cross-process collective (one rank may run it alone, so the ranks could not agree
+on its tier: ``tiered.agrees``); else the compiled path runs ``CompiledRunner`` and the
+readable one ``GraphRunner``. The graph is built with ``BuildStrategy.for_compiler``: under
+a compiler, gradients go in buckets unless the strategy says otherwise (the default is
 decided in ``ssaexec.core.strategy``, not here).
 
 Invariants: a runner is built once per key and kept until the executor closes (its

@@ -63,27 +63,27 @@ third step with a warm cache, or when its compile ends, not at the step the unin
 run switched at, so the two agree to float32 rounding, not bit for bit. ``compiler=None``
 and ``compiler="inductor"`` keep their exact behaviour.
 
-Several processes (``_Agreement``). Each rank compiles in the background on its own, so
-its graphs are ready at its own step; if ranks switched when their own graphs were ready,
-one rank's update would run fused kernels while another's ran straight-line code, and the
+Several processes (``_Agreement``). Each rank compiles in the background on its own, so its
+graphs are ready at its own step; if ranks switched when their own graphs were ready, one
+rank's update would run fused kernels while another's ran straight-line code, and the
 replicas would drift apart in the last bits (docs/security.md, "Replicas never silently
-diverge"). So ranks agree, through the executor's collective backend: at the start of
-step 3 and then every ``AGREE_EVERY`` steps, each rank starts one all-reduce (a sum) of a
-few integers: whether it is not ready (a segment unsettled or a compile pending) and, per
+diverge"). So ranks agree, through the executor's collective backend: at the start of step
+3 and then every ``AGREE_EVERY`` steps, each rank starts one all-reduce (a sum) of a few
+integers: whether it is not ready (a segment unsettled or a compile pending) and, per
 segment, whether it refused to compile. The call is asynchronous, and its result is read at
-the start of the next step, the step it has run beside (the first one, at step 3, is
-waited for at once, so that a warm cache switches at step 3 as in one process): every
-rank reads the same sums at the same step, so every rank switches at the same step, and
-uses the same graphs. A rank ready after the other ranks switches at most
-``AGREE_EVERY + 1`` steps after its own compiles end. What a rank uses after an agreement is a snapshot of the graphs it had when its
-part was sent (``_TieredSegment.agreed``); a graph compiled later is used from the next
-agreement that finds every rank ready, and a segment refused on any rank runs straight-line
-code on all. A new input shape met after the switch runs that segment's straight-line code
-(no graph is agreed for it) and only that segment: the rest of the step keeps the agreed
-tier, since the shapes of a rank's own batch differ from its peers' only upstream of the
-gradient all-reduce, whose sum every rank then shares. A runner whose graph holds no
-cross-process collective (one rank may run it alone: an evaluation on rank 0) cannot
-agree, and runs the compiled path (``RunnerCache``).
+the start of the next step, the step it has run beside (the first one, at step 3, is waited
+for at once, so that a warm cache switches at step 3 as in one process): every rank reads
+the same sums at the same step, so every rank switches at the same step, and uses the same
+graphs. A rank ready after the other ranks switches at most ``AGREE_EVERY + 1`` steps after
+its own compiles end. What a rank uses after an agreement is a snapshot of the graphs it
+had when its part was sent (``_TieredSegment.agreed``); a graph compiled later is used from
+the next agreement that finds every rank ready, and a segment refused on any rank runs
+straight-line code on all. A new input shape met after the switch runs that segment's
+straight-line code (no graph is agreed for it) and only that segment: the rest of the step
+keeps the agreed tier, since the shapes of a rank's own batch differ from its peers' only
+upstream of the gradient all-reduce, whose sum every rank then shares. A runner whose graph
+holds no cross-process collective (one rank may run it alone: an evaluation on rank 0)
+cannot agree, and runs the compiled path (``RunnerCache``).
 
 Where it does not run (``straight_reason``): places with no C++ compiler (CPU) or no
 Triton (CUDA), and CUDA graph capture (a captured step would keep the tier it was captured

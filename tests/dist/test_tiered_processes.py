@@ -1,9 +1,10 @@
 """Tiered compilation across processes (issue 50): 2 real gloo processes with
-``compiler="auto"`` switch tiers at the same step, although their compiles end at different
-steps (one rank waits for its own, the other does not), and end with bit-for-bit identical
-parameters, within float32 rounding of ``compiler=None``'s; an evaluation program (no
-collective to agree through: a rank could run it alone) runs the compiled path. ``tests/tiered_worker.py``
-is the process; steps are counted, never timed."""
+``compiler="auto"`` switch tiers at the same step, although their compiles end at
+different steps (rank 0 waits for its own before the first agreement, rank 1 only after
+it), and end with bit-for-bit identical parameters, within float32 rounding of
+``compiler=None``'s; an evaluation program (no collective to agree through: a rank could
+run it alone) runs the compiled path. ``tests/tiered_worker.py`` is the process; steps are
+counted, never timed."""
 
 import os
 import signal
