@@ -3,8 +3,9 @@
 different steps (rank 0 waits for its own before the first agreement, rank 1 only after
 it), and end with bit-for-bit identical parameters, within float32 rounding of
 ``compiler=None``'s; an evaluation program (no collective to agree through: a rank could
-run it alone) runs the compiled path. ``tests/tiered_worker.py`` is the process; steps are
-counted, never timed."""
+run it alone) runs the compiled path; a second launch on the cache the first filled switches
+every rank at its third step. ``tests/tiered_worker.py`` is the process; steps are counted,
+never timed."""
 
 import os
 import signal
@@ -21,9 +22,22 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiered_cache")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory, cache):
+    return _launch(tmp_path_factory.mktemp("tiered"), cache)  # cold: both ranks compile
+
+
+@pytest.fixture(scope="module")
+def warm_records(tmp_path_factory, cache, records):
+    return _launch(tmp_path_factory.mktemp("tiered_warm"), cache)  # after records: warm
+
+
+def _launch(out, cache):
     from tests.ports import free_port
-    out = tmp_path_factory.mktemp("tiered")
     worker = os.path.join(os.path.dirname(Z.WORKER), "tiered_worker.py")
     port = free_port()
     procs = []
@@ -31,7 +45,7 @@ def records(tmp_path_factory):
         for r in range(2):
             env = Z._env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                         TORCHINDUCTOR_CACHE_DIR=out / "cache")  # cold: both ranks compile
+                         TORCHINDUCTOR_CACHE_DIR=cache)
             env.pop("SSAEXEC_COMPILER", None)
             with open(out / f"out{r}.txt", "w") as log:
                 procs.append(subprocess.Popen([sys.executable, worker, str(out)], cwd=Z.REPO,
@@ -66,3 +80,12 @@ def test_ranks_switch_at_the_same_step_and_stay_identical(records):
 def test_an_evaluation_on_one_rank_runs_the_compiled_path(records):
     for r in records[0]:
         assert not r["eval_tiered"] and r["eval_compiled"]
+
+
+def test_a_warm_cache_switches_every_rank_at_the_third_step(warm_records):
+    """The first agreement (start of step 3) is waited for at once, after each rank's loads
+    from the cache the cold launch filled: issue 50's acceptance 3, on 2 processes."""
+    (r0, r1), logs = warm_records
+    assert r0["switches"] == r1["switches"] == [2], logs
+    for name, p in r0["params"].items():
+        assert torch.equal(p, r1["params"][name]), name
