@@ -71,7 +71,37 @@ def graph_options(places_default):
     g.add_argument("--fetch", metavar="VARS", default=None,
                    help="comma-separated vars to fetch (one fetch handle each); default: the "
                         "loss, when the program has one; '' for none")
+    zero_options(p.add_argument_group("ZeRO"))
     return p
+
+
+def zero_options(group, stage_help="ZeRO stage: shard the optimizer state (1), the "
+                 "gradients too (2), the parameters too (3) over every place of every "
+                 "process (BuildStrategy.zero_stage; default: 0)"):
+    """Add the ZeRO options to ``group`` (graph commands, run/execute, simulate): one set,
+    read back by ``zero_settings``."""
+    group.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                       metavar="STAGE", help=stage_help)
+    group.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
+                       help="stage 3: layers gathered ahead of compute "
+                            "(BuildStrategy.zero_prefetch; default: 1)")
+    group.add_argument("--zero-gather-dtype", choices=("bf16", "fp16"), default=None,
+                       help="stage 3: gather parameters in this type (half the bytes)")
+    group.add_argument("--no-reshard-after-forward", "--keep-after-forward", dest="reshard",
+                       action="store_false",
+                       help="stage 3: keep parameters gathered from forward to backward "
+                            "(reshard_after_forward=False)")
+
+
+def zero_settings(args):
+    """The ``BuildStrategy`` settings of ``zero_options`` ({} without ``--zero``); a
+    negative ``--zero-prefetch`` is a ``UsageError``."""
+    if getattr(args, "zero", None) is None:
+        return {}
+    if args.zero_prefetch < 0:
+        raise UsageError(f"--zero-prefetch must be >= 0, got {args.zero_prefetch}")
+    return {"zero_stage": args.zero, "zero_prefetch": args.zero_prefetch,
+            "zero_gather_dtype": args.zero_gather_dtype, "reshard_after_forward": args.reshard}
 
 
 def select_options(parser, collapse=True):
@@ -170,7 +200,8 @@ def places_from(spec, need_devices):
 def build_strategy(args, **more):
     """The ``BuildStrategy`` of the graph options (plus ``more`` of a running command)."""
     return BuildStrategy(reduce_strategy=args.reduce_strategy,
-                         gradient_scale_strategy=args.gradient_scale, **more)
+                         gradient_scale_strategy=args.gradient_scale,
+                         **dict(zero_settings(args), **more))
 
 
 def graph_of(args, compiler=None, **more):

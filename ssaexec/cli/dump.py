@@ -53,25 +53,8 @@ def register(add):
                    type=_passes_arg,
                    help="show the graph after each graph-building pass, or after the passes "
                         "NAMES (comma-separated) only: " + ", ".join(_pass_names()))
-    z = p.add_argument_group("ZeRO")
-    z.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, metavar="STAGE",
-                   help="the graph of ZeRO stage 1, 2 or 3 (BuildStrategy.zero_stage): its "
-                        "all-gathers, reduce-scatters and frees (default: 0)")
-    z.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
-                   help="stage 3: parameter groups gathered ahead of compute (default: 1)")
-    z.add_argument("--keep-after-forward", action="store_true",
-                   help="stage 3: keep gathered parameters from forward to backward "
-                        "(reshard_after_forward=False)")
     select_options(p)
     p.set_defaults(func=cmd_dump)
-
-
-def _zero(args):
-    """The ``BuildStrategy`` settings of the ZeRO options."""
-    if args.zero_prefetch < 0:
-        raise UsageError(f"--zero-prefetch must be >= 0, got {args.zero_prefetch}")
-    return {"zero_stage": args.zero, "zero_prefetch": args.zero_prefetch,
-            "reshard_after_forward": not args.keep_after_forward}
 
 
 def _pass_names():
@@ -194,7 +177,7 @@ def _json_text(doc):
 def cmd_dump(args):
     if args.passes is not None:
         return _dump_passes(args)
-    out = _render(args, graph_of(args, **_zero(args)))
+    out = _render(args, graph_of(args))
     write_output(args.output, _json_text(out) if args.format == "json" else out)
     return EXIT_OK
 
@@ -204,7 +187,7 @@ def _dump_passes(args):
     wanted = args.passes  # the names, checked by the parser (``pass_selection``)
     program = load_program_file(args.program)
     graphs = graph_after_each_pass(program, places_from(args.places, need_devices=False),
-                                   build_strategy(args, **_zero(args)),
+                                   build_strategy(args),
                                    fetch_list(args, program))
     graphs[-1][1].lint()
     shown = [(k, p, g) for k, (p, g) in enumerate(graphs, 1) if p.name in wanted]

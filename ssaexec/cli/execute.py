@@ -26,7 +26,7 @@ from ..runtime.scope import Scope
 from ..core.strategy import DEFAULT_COMPILER, ExecutionStrategy
 from ..data.synthetic import synthetic_feed
 from .common import (UsageError, build_strategy, load_program_file, load_startup_file,
-                     places_from, positive)
+                     places_from, positive, zero_options)
 
 __all__ = ["COMPILER_CHOICES", "compiler_of", "execution_options", "Setup", "setup",
            "print_header", "print_step", "throughput"]
@@ -98,9 +98,7 @@ def execution_options(parser, steps_default, compiler_default="default"):
                    help="gradient accumulation: update every K steps (default: 1)")
     g.add_argument("--allreduce-dtype", choices=("bf16", "fp16"), default=None,
                    help="compress gradients to this type for the all-reduce")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
-                   help="ZeRO stage: shard optimizer state (1), gradients too (2), "
-                        "parameters too (3) over the places (default: 0)")
+    zero_options(g)
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -207,7 +205,7 @@ def setup(args):
         raise FeedError(f"batch {batch} is smaller than the {len(places)} places: every place "
                         "needs at least one sample (raise --batch)")
     strategy = build_strategy(args, gradient_accumulation_steps=args.accumulate,
-                              allreduce_dtype=args.allreduce_dtype, zero_stage=args.zero)
+                              allreduce_dtype=args.allreduce_dtype)
     pe = ParallelExecutor(places=places, main_program=main, startup_program=startup,
                           loss_name=loss, build_strategy=strategy,
                           exec_strategy=ExecutionStrategy(num_threads=args.threads,

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..sim.input_pipeline import PIPELINES
 from ..sim.profile import PRECISIONS
 from ..sim.published import MODELS
-from .common import EXIT_OK, UsageError, load_program_file, positive
+from .common import EXIT_OK, UsageError, load_program_file, positive, zero_options, zero_settings
 
 
 __all__ = ["register"]
@@ -112,15 +112,8 @@ def register(add):
                    help="compress gradients for the all-reduce")
     g.add_argument("--accumulate", type=positive, default=1, metavar="K",
                    help="gradient accumulation: communicate every K micro-batches")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
-                   help="ZeRO stage (3: parameters gathered before use, FSDP2's sharding); "
-                        "the report adds each device's predicted peak memory")
-    g.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
-                   help="stage 3: parameter groups gathered ahead of compute (default 1)")
-    g.add_argument("--zero-gather-dtype", choices=("bf16", "fp16"), default=None,
-                   help="stage 3: gather parameters in this type (half the bytes)")
-    g.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
-                   help="stage 3: keep parameters gathered from forward to backward")
+    zero_options(g, "ZeRO stage (3: parameters gathered before use, FSDP2's sharding); "
+                    "the report adds each device's predicted peak memory")
     g.add_argument("--algorithm", choices=("auto", "ring", "tree", "hierarchical"),
                    default="auto", help="all-reduce algorithm (default: the fastest)")
     g.add_argument("--host-op-us", type=float, default=None, metavar="US",
@@ -209,9 +202,7 @@ def cmd_simulate(args):
                                  fuse_bucket_mb=args.fuse_bucket_mb or 25.0,
                                  allreduce_dtype=args.allreduce_dtype,
                                  gradient_accumulation_steps=args.accumulate,
-                                 zero_stage=args.zero, zero_prefetch=args.zero_prefetch,
-                                 zero_gather_dtype=args.zero_gather_dtype,
-                                 reshard_after_forward=args.reshard)
+                                 **zero_settings(args))
     except SSAExecError as e:
         raise UsageError(str(e)) from None
     profile = _profile(args, program, cluster)

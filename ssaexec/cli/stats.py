@@ -11,7 +11,8 @@ peak for a world of ``--places`` x ``--processes`` ranks.
 
 import sys
 
-from .common import DEFAULT_STATIC_PLACES, EXIT_OK, UsageError, graph_of, graph_options, positive
+from .common import (DEFAULT_STATIC_PLACES, EXIT_OK, UsageError, graph_of, graph_options,
+                     positive, zero_settings)
 
 __all__ = ["register"]
 
@@ -47,21 +48,10 @@ def register(add):
                         "compiles the same segments as inductor, in the background; "
                         "default: say nothing about a compiler)")
     z = p.add_argument_group("memory under ZeRO (sim.memory, the simulator's formula)")
-    z.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, metavar="STAGE",
-                   help="predict each device's peak memory under ZeRO stage 0-3: "
-                        "parameters, gradients, optimizer state, gathered buffers, "
-                        "activations; the world is --places x --processes")
     z.add_argument("--processes", type=positive, default=1, metavar="N",
                    help="processes of the run, each with --places places (default 1)")
     z.add_argument("--batch", "-b", type=positive, default=1,
                    help="samples per device for the activations (default 1)")
-    z.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
-                   help="groups gathered ahead of compute (BuildStrategy.zero_prefetch, "
-                        "default 1)")
-    z.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
-                   help="stage 3: keep parameters gathered from forward to backward")
-    z.add_argument("--zero-gather-dtype", choices=("bf16", "fp16"), default=None,
-                   help="stage 3: the dtype parameters are gathered in")
     p.set_defaults(func=cmd_stats)
 
 
@@ -70,11 +60,9 @@ def cmd_stats(args):
     from ..runtime.compiled import compile_summary
     from ..runtime.cuda_graph import capture_problem
     from ..runtime.nccl import choose_local_collective
-    zero = {}
-    if args.zero:  # the graph of the stage: its gathers, reduce-scatters and frees
-        zero = dict(zero_stage=args.zero, zero_prefetch=max(0, args.zero_prefetch),
-                    reshard_after_forward=args.reshard,
-                    zero_gather_dtype=args.zero_gather_dtype, num_trainers=args.processes)
+    zero = zero_settings(args)
+    if zero:  # the graph of the stage (its gathers, reduce-scatters, frees), per process
+        zero["num_trainers"] = args.processes
     graph = graph_of(args, **zero)
     stats = graph_stats(graph)
     problem = capture_problem(graph)
@@ -94,8 +82,6 @@ def cmd_stats(args):
     if args.zero is not None:
         from ..core.errors import SSAExecError
         from ..sim.memory import predict_memory
-        if args.zero_prefetch < 0:
-            raise UsageError(f"--zero-prefetch {args.zero_prefetch}: must be >= 0")
         from .common import load_program_file
         world = len(graph.places) * args.processes
         try:  # of the plain program, in the run order of the stage's graph
