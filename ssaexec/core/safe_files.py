@@ -26,7 +26,7 @@ import os
 import stat
 import tempfile
 
-__all__ = ["atomic_write", "open_regular", "read_regular", "open_input", "read_input", "fd_path", "replace_problem",
+__all__ = ["atomic_write", "fsync_folder", "open_regular", "read_regular", "open_input", "read_input", "fd_path", "replace_problem",
            "NotRegularFile"]
 
 
@@ -169,7 +169,7 @@ def atomic_write(path, write, prefix=".tmp-", before_rename=None, private=False)
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
-        _fsync_folder(folder)
+        fsync_folder(folder)
     except BaseException:
         try:
             os.unlink(tmp)  # our own file (or whatever replaced it: unlink never follows)
@@ -195,7 +195,7 @@ def replace_problem(path):
     return _kind(mode)
 
 
-def _fsync_folder(folder):
+def fsync_folder(folder):
     # the rename is an entry of the folder: until the folder is flushed, a power cut may
     # keep the old entry (POSIX; some filesystems cannot open a folder, and need not)
     try:

@@ -385,7 +385,36 @@ class BroadcastOpHandle(CollectiveOpHandle):
         collective.broadcast(tensors, self.root_idx, label=label)
 
 
-class AllGatherOpHandle(CollectiveOpHandle):
+class _ShardCollective(CollectiveOpHandle):
+    """Base of the ZeRO collectives: a layer's vars, their shards, an optional wire type."""
+
+    __slots__ = ("shard_names", "wire_dtype")
+    traffic_formula = "(n-1)/n x payload (ring)"
+    noun = "vars"  # what the dumps call var_names
+
+    def __init__(self, var_names, shard_names, wire_dtype=None):
+        super().__init__(var_names)
+        self.shard_names = list(shard_names)
+        self.wire_dtype = wire_dtype
+
+    @property
+    def name(self):
+        names = self.var_names[0] if len(self.var_names) == 1 else \
+            f"{len(self.var_names)} {self.noun}: {self.var_names[0]}.."
+        return f"{self.kind}({names})"
+
+    def details(self):
+        d = dict(super().details(), shards=list(self.shard_names))
+        if self.wire_dtype:
+            d["wire_dtype"] = self.wire_dtype
+        return d
+
+    @staticmethod
+    def traffic_factor(n):
+        return (n - 1) / n
+
+
+class AllGatherOpHandle(_ShardCollective):
     """Joins each full var of ``var_names`` from every rank's ``shard_names`` (ZeRO).
 
     ``shard_names[k]`` (1-D, ``S`` elements on each place) is rank g's slice of
@@ -397,33 +426,15 @@ class AllGatherOpHandle(CollectiveOpHandle):
     in that type and casts the result back.
     """
 
-    __slots__ = ("shard_names", "shapes", "wire_dtype")
+    __slots__ = ("shapes",)
     kind = "all_gather"
     legend = "all-gather"
     color = "#a7f3d0"
-    traffic_formula = "(n-1)/n x payload (ring)"
+    noun = "params"
 
     def __init__(self, var_names, shard_names, shapes, wire_dtype=None):
-        super().__init__(var_names)
-        self.shard_names = list(shard_names)
+        super().__init__(var_names, shard_names, wire_dtype)
         self.shapes = [list(s) for s in shapes]
-        self.wire_dtype = wire_dtype
-
-    @property
-    def name(self):
-        names = self.var_names[0] if len(self.var_names) == 1 else \
-            f"{len(self.var_names)} params: {self.var_names[0]}.."
-        return f"all_gather({names})"
-
-    def details(self):
-        d = dict(super().details(), shards=list(self.shard_names))
-        if self.wire_dtype:
-            d["wire_dtype"] = self.wire_dtype
-        return d
-
-    @staticmethod
-    def traffic_factor(n):
-        return (n - 1) / n
 
     def apply(self, collective, tensors, label):
         """``tensors`` is ``(shards, outs)``: per place, the 1-D shard and the 1-D buffer
@@ -440,7 +451,7 @@ class AllGatherOpHandle(CollectiveOpHandle):
             o.copy_(g)
 
 
-class ReduceScatterOpHandle(CollectiveOpHandle):
+class ReduceScatterOpHandle(_ShardCollective):
     """Sums each gradient of ``var_names`` over every rank into each rank's shard (ZeRO).
 
     Place i gets ``shard_names[k]`` (1-D, ``S``): the sum over ranks of their chunk
@@ -448,32 +459,11 @@ class ReduceScatterOpHandle(CollectiveOpHandle):
     The sum runs in the gradient's type (or ``wire_dtype``, ``allreduce_dtype``'s).
     """
 
-    __slots__ = ("shard_names", "wire_dtype")
+    __slots__ = ()
     kind = "reduce_scatter"
     legend = "reduce-scatter"
     color = "#fca5a5"
-    traffic_formula = "(n-1)/n x payload (ring)"
-
-    def __init__(self, var_names, shard_names, wire_dtype=None):
-        super().__init__(var_names)
-        self.shard_names = list(shard_names)
-        self.wire_dtype = wire_dtype
-
-    @property
-    def name(self):
-        names = self.var_names[0] if len(self.var_names) == 1 else \
-            f"{len(self.var_names)} grads: {self.var_names[0]}.."
-        return f"reduce_scatter({names})"
-
-    def details(self):
-        d = dict(super().details(), shards=list(self.shard_names))
-        if self.wire_dtype:
-            d["wire_dtype"] = self.wire_dtype
-        return d
-
-    @staticmethod
-    def traffic_factor(n):
-        return (n - 1) / n
+    noun = "grads"
 
     def apply(self, collective, tensors, label):
         """``tensors`` is ``(fulls, shards)``: per place, the flattened gradient padded to

@@ -90,14 +90,14 @@ class PlaceMemory:
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
-            kind = self.kind(name)
+            part = self.kind(name)  # a memory category (KINDS), not a handle kind
             if key in claims:
-                if KINDS.index(kind) >= KINDS.index(claims[key][0]):
+                if KINDS.index(part) >= KINDS.index(claims[key][0]):
                     continue
                 sizes[claims[key][0]] -= claims[key][1]
             nbytes = storage.nbytes()
-            claims[key] = (kind, nbytes)
-            sizes[kind] += nbytes
+            claims[key] = (part, nbytes)
+            sizes[part] += nbytes
         return sizes
 
     def sample(self, *_):

@@ -211,9 +211,10 @@ class _Rank:
         import torch.distributed as dist
         # what any side imports, imported by every side before the baseline, so that the
         # baseline holds the code and the figures above it hold the training
-        import torch._dynamo  # noqa: F401 - from_torch and Inductor use it
         import torch.distributed.fsdp  # noqa: F401
         import ssaexec.frontends.torch  # noqa: F401
+        from ssaexec.core import compat
+        compat.require("inductor.compile_fx")  # Dynamo and Inductor: from_torch, compilers
         self.side, self.rank, self.world, self.s = side, rank, world, s
         torch.set_num_threads(threads)
         dist.init_process_group("gloo", rank=rank, world_size=world,

@@ -144,9 +144,10 @@ def main():
     os.dup2(2, 1)  # whatever Inductor prints goes to stderr, not into the answers
     # (its priority was lowered first thing: _ENTRY)
     import torch
-    import torch._inductor.compile_fx  # noqa: F401 - what the training process has imported
 
+    from ..core import compat
     from .inductor import compile_graph
+    compat.require("inductor.compile_fx")  # imported before the first graph arrives
 
     # Inductor's CPU kernels (and its cache key) follow torch's thread count: the
     # training process's, passed in

@@ -45,6 +45,7 @@ import warnings
 import torch
 
 from ..core.errors import ProgramError, SSAExecError
+from ..core.safe_files import fsync_folder
 from .checkpoint import _cpu, _full_values, _target, read_checkpoint, STATE
 
 __all__ = ["export_dcp", "model_state_names", "check_directory"]
@@ -177,29 +178,16 @@ def _write(state, directory):
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({k: _cpu(v) for k, v in state.items()},
                      storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=True)
-        _fsync(tmp)
+        fsync_folder(tmp)
         if replace:
             old = tempfile.mkdtemp(prefix=TEMP_PREFIX + "old-", suffix=".tmp", dir=parent)
             os.replace(directory, old)  # onto the empty folder mkdtemp made
             os.replace(tmp, directory)
-            _fsync(parent)
+            fsync_folder(parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, directory)
-            _fsync(parent)
+            fsync_folder(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
