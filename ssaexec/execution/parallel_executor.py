@@ -166,6 +166,7 @@ class ParallelExecutor:
         # makes each StepGraphs' capture mechanism (None: CUDA graphs); tests set a CPU one
         self._graph_capture = None
         self._shadowing = None  # share_vars_from: persistable names a step may shadow
+        self._lender = None  # share_vars_from: the executor shared from
         self._micro_step = 0  # runs so far (gradient accumulation picks the phase from it)
         self._probes = ThreadingProbes(self.places)  # threads or turns (places_rule)
         self._entry = EntryCheck()  # what steps read from the places' scopes (boundary)
@@ -222,6 +223,7 @@ class ParallelExecutor:
         self.local_scopes = shared_vars.shared_scopes(self.places, other.places,
                                                       other.local_scopes)
         self._shadowing = shared_vars.shadowable(self.program)
+        self._lender = other  # ZeRO 3: whole parameters are borrowed for each run
 
     def state_owners(self):
         """{} (kept for callers of the owner-based ZeRO this replaced): every place holds
@@ -233,8 +235,9 @@ class ParallelExecutor:
         state are sharded over which ranks), or None without ZeRO (or one rank)."""
         return self.program_for("layout")
 
-    def _gathered(self, name):
-        # the full value of a sharded parameter or state var (every rank's shard joined)
+    def gathered(self, name):
+        """The whole value of the sharded parameter or state var ``name``, every rank's
+        shard joined (ZeRO; a collective in a multi-process run: call it on every rank)."""
         layout = self.shard_layout()
         sp, shard = layout.sharded(name)
         shards = [s.find_var(shard) for s in self.local_scopes]
@@ -257,7 +260,7 @@ class ParallelExecutor:
             if not var.persistable:
                 continue
             if layout is not None and layout.sharded(var.name) is not None:
-                out[var.name] = self._gathered(var.name)
+                out[var.name] = self.gathered(var.name)
                 continue
             t = self.local_scopes[0].find_var(var.name)
             if t is not None:
@@ -332,7 +335,7 @@ class ParallelExecutor:
                                f"{len(self.places)} places")
         layout = self.shard_layout()
         if layout is not None and layout.sharded(name) is not None:
-            return self._gathered(name)  # ZeRO: the full value (every place's alike)
+            return self.gathered(name)  # ZeRO: the full value (every place's alike)
         t = self.local_scopes[place].find_var(name)
         if t is None:
             raise SSAExecError(f"var {name!r} has no value on {self.places[place]}")
@@ -417,6 +420,17 @@ class ParallelExecutor:
         if self._scheduler.closed:
             raise SSAExecError("this ParallelExecutor is closed")
         self._group.check()
+        lent = () if self._lender is None else \
+            shared_vars.borrowed(self._lender, self.program)
+        if not lent:
+            return self._run_fetching(fetch_list, feed, return_merged, allow_persistable_feed)
+        shared_vars.lend(self._lender, lent, self.local_scopes, self.places)
+        try:
+            return self._run_fetching(fetch_list, feed, return_merged, allow_persistable_feed)
+        finally:
+            shared_vars.give_back(self.local_scopes, lent)
+
+    def _run_fetching(self, fetch_list, feed, return_merged, allow_persistable_feed):
         fetch = fetch_names(fetch_list)
         gathered = self._gathered_fetches(fetch)
         runner = self._runner(tuple(n for n in fetch if n not in gathered), self._phase())
@@ -458,7 +472,7 @@ class ParallelExecutor:
             self._entry.after(self.local_scopes, ok)
         self._micro_step += 1
         for name in gathered:  # ZeRO: a sharded var is fetched joined, after the step
-            fetched[name] = [self._gathered(name)] * len(self.places)
+            fetched[name] = [self.gathered(name)] * len(self.places)
         if self._shadowing is not None:
             shared_vars.unshadow(self.local_scopes, self._shadowing)
         if not return_merged:

@@ -346,3 +346,27 @@ def test_the_executors_scope_keeps_no_whole_copy_of_what_the_places_shard(stage)
         state = pe.gathered_state()
         assert all(n in state for n in moments) and all(sp.name in state for sp in layout)
         assert torch.equal(pe.get_var(moments[0]), state[moments[0]])
+
+
+def test_an_evaluation_executor_shares_a_stage_3_run_and_keeps_nothing_whole():
+    # share_vars_from on stage 3: each evaluation run borrows the whole parameters it
+    # reads (joined from the shards) and gives them back after; its results equal those
+    # of sharing the plain run
+    from tests.execution.test_eval import _data, _program
+    accuracy = {}
+    for stage in (0, 3):
+        main, startup, loss, test, (acc, *_rest) = _program()
+        feed = _data()
+        with se.ParallelExecutor(se.cpu_places(2), main, startup, loss, scope=se.Scope(),
+                                 build_strategy=se.BuildStrategy(zero_stage=stage)) as train:
+            with se.ParallelExecutor(se.cpu_places(2), test, share_vars_from=train) as ev:
+                for _ in range(5):
+                    train.run([loss], feed=feed)
+                got = [float(ev.run([acc], feed=feed)[0]) for _ in range(2)]
+                assert got[0] == got[1]
+                # nothing whole kept between runs, here or (stage 3) on the places shared
+                assert not any("fc_0.w_0" in s.vars for s in ev.local_scopes)
+                if stage == 3:
+                    assert all(s.parent.find_var("fc_0.w_0") is None for s in ev.local_scopes)
+        accuracy[stage] = got[0]
+    assert accuracy[3] == accuracy[0]
