@@ -19,11 +19,10 @@ in the executor's own scope (where the startup program ran) that no place shares
 are not a place's and are not in the check.
 
 Acceptance 2: stage 3's ``peak_model`` <= the plain run's (stage 0) / W + the largest
-gathered layer. "Layer" here is the ZeRO contract's gather group (the parameters whose
-first reader is the same op: what one all-gather brings in, ``zero_peers.layer_groups``),
-the stricter reading; the JSON also gives the largest module layer (an encoder layer
-whole) for the looser one. The check is printed per layout and written in the JSON
-(``--json``, default ``out/bench/zero_memory.json``).
+gathered layer. "Layer" is what one all-gather brings in (``program.shard.layer_of``:
+an encoder layer whole); ``--zero-prefetch`` sets how many are gathered ahead. The check
+is printed per layout and written in the JSON (``--json``, default
+``out/bench/zero_memory.json``).
 """
 
 import argparse
@@ -57,6 +56,8 @@ def parse_args(argv=None):
                     help="PROCESSESxPLACES, comma list (default 1x4,2x2)")
     ap.add_argument("--batch-per-place", "-b", type=int, default=None,
                     help="samples a place (config's)")
+    ap.add_argument("--zero-prefetch", type=int, default=1, metavar="K",
+                    help="stage 3: layers gathered ahead of compute (default 1)")
     ap.add_argument("--json", default=str(REPO / "out" / "bench" / "zero_memory.json"))
     args = ap.parse_args(argv)
     try:
@@ -92,7 +93,8 @@ def measure(s, stage, places, process=0, processes=1):
     # path anyway, and "auto" would compile segments in the background meanwhile
     os.environ.pop("SSAEXEC_COMPILER", None)
     pe = se.ParallelExecutor(se.cpu_places(places), main, startup, loss,
-                             build_strategy=se.BuildStrategy(zero_stage=stage),
+                             build_strategy=se.BuildStrategy(
+                                 zero_stage=stage, zero_prefetch=s.get("zero_prefetch", 1)),
                              exec_strategy=se.ExecutionStrategy(compiler=None),
                              scope=se.Scope())
     try:
@@ -271,10 +273,20 @@ def main(argv=None):
     args = parse_args(argv)
     from ssaexec.harness.results import machine_description
     from ssaexec.harness.zero_peers import config_settings, layer_groups, ssaexec_program
+    if args.zero_prefetch < 0:
+        raise SystemExit(f"--zero-prefetch must be >= 0, got {args.zero_prefetch}")
     s = config_settings(args.config, batch_per_place=args.batch_per_place)
+    s["zero_prefetch"] = args.zero_prefetch
     main_program = ssaexec_program(s)[0]
     groups = layer_groups(main_program)
-    largest = max(groups, key=lambda g: g[2])
+    # the gathered unit: the layer of program.shard.layer_of (what one all-gather moves)
+    from ssaexec.program.shard import layer_of
+    by_layer = {}
+    for _, names, size in groups:
+        for n in names:
+            by_layer.setdefault(layer_of(n), []).append((n, size / len(names)))
+    largest = max(((k, [n for n, _ in v], sum(b for _, b in v)) for k, v in by_layer.items()),
+                  key=lambda g: g[2])
     params = sum(g[2] for g in groups)
     result = {"schema": SCHEMA, "command": "python bench/zero_memory.py " +
               " ".join(sys.argv[1:] if argv is None else argv),
