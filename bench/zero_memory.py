@@ -89,13 +89,12 @@ def measure(s, stage, places, process=0, processes=1):
     from ssaexec.harness.zero_peers import ssaexec_program
     main, startup, loss = ssaexec_program(s)
     x, y = place_samples(s, processes * places, process * places, places)
-    # compiler None, whatever SSAEXEC_COMPILER says: the observed steps run the readable
-    # path anyway, and "auto" would compile segments in the background meanwhile
-    os.environ.pop("SSAEXEC_COMPILER", None)
+    # compiler "none": no compiler, whatever SSAEXEC_COMPILER says (the observed steps run
+    # the readable path anyway, and "auto" would compile in the background meanwhile)
     pe = se.ParallelExecutor(se.cpu_places(places), main, startup, loss,
                              build_strategy=se.BuildStrategy(
                                  zero_stage=stage, zero_prefetch=s.get("zero_prefetch", 1)),
-                             exec_strategy=se.ExecutionStrategy(compiler=None),
+                             exec_strategy=se.ExecutionStrategy(compiler="none"),
                              scope=se.Scope())
     try:
         feed = {"img": x, "label": y}

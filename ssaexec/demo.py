@@ -8,8 +8,8 @@ place per core). The network is an ordinary ``torch.nn.Module`` imported with
 evaluation executor sharing the training values, images/sec). At the end the run is
 saved as a checkpoint and written back into the ``nn.Module``, whose own accuracy is
 printed next to ssaexec's. A short synthetic-data benchmark follows (``--no-bench``
-skips it): ssaexec as users get it (its default, tiered compiler: steps at once, the
-compile in the background) against torch.compile, eager and DDP, on a launch-bound model
+skips it): ssaexec as users get it (its default compiler, ``DEFAULT_COMPILER``; when that
+is the tiered "auto": steps at once, the compile in the background) against torch.compile, eager and DDP, on a launch-bound model
 (the small transformer: ``ssaexec bench --preset transformer``) and a kernel-bound one
 (the quick ResNet-18: ``--quick``), each with its compile time, the time to 1, 100 and
 1000 steps compile included, and a headline against torch.compile and DDP

@@ -85,8 +85,8 @@ def execution_options(parser, steps_default, compiler_default="default"):
     g.add_argument("--cuda-graph", action="store_true",
                    help="capture the step as a CUDA graph after 2 warm-up steps (CUDA places "
                         "on one GPU)")
-    default_says = (f"ExecutionStrategy's, {DEFAULT_COMPILER} where a C++ compiler or Triton "
-                    "is present" if compiler_default == "default" else compiler_default)
+    default_says = (f"ExecutionStrategy's, {DEFAULT_COMPILER or 'none'}"
+                    if compiler_default == "default" else compiler_default)
     g.add_argument("--compiler", choices=COMPILER_CHOICES, default=compiler_default,
                    help="auto: run at once, compile each segment with Inductor in the "
                         "background, switch at a step boundary; inductor: compile first "

@@ -13,9 +13,11 @@ __all__ = ["BuildStrategy", "ExecutionStrategy"]
 
 # ExecutionStrategy's compiler when none is named: the one switch of the default path.
 # "auto": tiered (runtime.tiered; where Inductor cannot run, the compiled path, said on
-# one line); None: the straight-line compiled path. The test suite sets SSAEXEC_COMPILER
-# to "none" (tests/conftest.py)
-DEFAULT_COMPILER = "auto"
+# one line); None: the straight-line compiled path. None for now: the suite run with
+# SSAEXEC_COMPILER=auto found lazy (sparse) Adam training differently from None, so the
+# tiered path stays opt-in until it passes the whole suite (issue 50). The test suite
+# sets SSAEXEC_COMPILER to "none" (tests/conftest.py)
+DEFAULT_COMPILER = None
 
 
 def _check(name, value, allowed):
@@ -221,9 +223,9 @@ class ExecutionStrategy:
         graph); "auto" runs the generated code at once, compiles the segments in the
         background and switches to them at a step boundary (``runtime.tiered``). A
         segment Inductor cannot compile runs its generated code, with one line saying
-        why. "default" is ``DEFAULT_COMPILER``: "auto" (where Inductor cannot run,
-        no C++ compiler or Triton, a multi-process run, CUDA graphs, "auto" is the
-        compiled path, said on one line). The environment variable
+        why. "default" is ``DEFAULT_COMPILER``: None for now ("auto" stays opt-in
+        until it passes the whole suite; where Inductor cannot run, no C++ compiler
+        or Triton, CUDA graphs, "auto" is the compiled path, said on one line). The environment variable
         ``SSAEXEC_COMPILER`` ("inductor", "auto" or "none"), when set, replaces
         "default" and None (``make test-inductor`` runs the suite so; the test suite
         sets "none").

@@ -6,9 +6,10 @@ trains one batch and returns its loss. The peers:
 * ``SeqTrainer`` (``seq``): the sequential ``Executor`` on one place;
 * ``ParallelTrainer`` (``ssaexec``): ``ParallelExecutor`` over the places, or
   over this process's share of them under torchrun (``ssaexec-nproc``), as users get it:
-  ``ExecutionStrategy``'s default compiler (``compiler="auto"`` where Inductor can run:
-  tiered, ``runtime.tiered``); its warm-up goes on until the runner has switched to the
-  compiled segments (``settle``), so the timed windows are the steady state;
+  ``ExecutionStrategy``'s default compiler (``DEFAULT_COMPILER``; under the tiered
+  ``compiler="auto"``, ``runtime.tiered``, its warm-up goes on until the runner has switched
+  to the compiled segments, ``settle``, so the timed windows are the steady state: its
+  losses then come after more steps than the other modes');
 * ``StraightTrainer`` (``ssaexec-none``): the same with ``compiler=None``, the
   straight-line compiled path only;
 * ``FromTorchTrainer`` (``ssaexec-from-torch``): ``ParallelExecutor`` running the

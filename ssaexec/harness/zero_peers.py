@@ -313,13 +313,14 @@ class _SSAExecRank(_Rank):
     def build(self):
         import ssaexec as se
         _, stage, self.compiler = parse_side(self.side)
-        # the side names its compiler: SSAEXEC_COMPILER (which replaces None) must not
-        os.environ.pop("SSAEXEC_COMPILER", None)
+        # the side names its compiler: "none" rather than None, which SSAEXEC_COMPILER
+        # would replace
         self.main, startup, self.loss = ssaexec_program(self.s)
         self.pe = se.ParallelExecutor(
             se.cpu_places(1), self.main, startup, self.loss,
             build_strategy=se.BuildStrategy(zero_stage=stage),
-            exec_strategy=se.ExecutionStrategy(compiler=self.compiler), scope=se.Scope())
+            exec_strategy=se.ExecutionStrategy(compiler=self.compiler or "none"),
+            scope=se.Scope())
         if not self.pe.distributed:
             raise RuntimeError(f"{self.side}: the executor did not join the process group")
         self.feed = {"img": self.x, "label": self.y}

@@ -115,7 +115,9 @@ def test_harness_runs_every_mode(tmp_path, capsys):
     """Acceptance: a tiny model, a couple of steps, every mode; schema and training checked."""
     out = tmp_path / "tiny.json"
     png = tmp_path / "tiny.png"
-    extra = ["--from-torch", "--nproc", "2"]
+    # --settle-s 0: the default (tiered) ssaexec mode runs its windows at once, its compile
+    # in the background (test_time_to_n.py waits for a switch)
+    extra = ["--from-torch", "--nproc", "2", "--settle-s", "0"]
     rc = benchmark.main(["--preset", "tiny", "--places", "cpu:2", "--place-counts", "2",
                          "--json", str(out), "--plot", str(png), "--no-progress", *extra])
     text = capsys.readouterr().out
@@ -146,7 +148,11 @@ def test_harness_runs_every_mode(tmp_path, capsys):
         assert len(losses) == s["warmup"] + s["repeats"] * s["steps"]
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], (mode, losses)
         assert r["trained"]
-        assert (r["compile_s"] is not None and r["compile_s"] > 0) == (mode == "torch-compile")
+        compiled = r["compile_s"] is not None and r["compile_s"] > 0
+        if mode == "torch-compile":
+            assert compiled  # blocking, timed
+        elif mode != "ssaexec":  # the default, tiered, may report its background compile
+            assert not compiled, (mode, r["compile_s"])
     # same weights, same data: each one-place mode and each two-place mode trains alike
     assert runs[("seq", 1)]["losses"] == pytest.approx(runs[("torch-eager", 1)]["losses"],
                                                        rel=1e-4)

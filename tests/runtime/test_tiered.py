@@ -226,3 +226,20 @@ def test_the_cache_path_is_inductors_without_importing_it(tmp_path, where):
                          capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("True "), out.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="known (issue 50): lazy sparse Adam trains differently "
+                   "under compiler='auto'; why the default stays None (core/strategy.py)")
+def test_lazy_sparse_adam_trains_alike_under_auto():
+    from tests.ops.test_sparse import build, feeds
+
+    def run(compiler):
+        main, startup, loss = build(True, se.optimizer.Adam(0.01, lazy_mode=True), vocab=1000)
+        scope = se.Scope()
+        se.Executor().run(startup, scope=scope)
+        with se.ParallelExecutor(se.cpu_places(2), main, scope=scope, loss_name=loss.name,
+                                 exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
+            for f in feeds(6, vocab=1000):
+                pe.run([loss.name], feed=f)
+            return pe.local_scopes[0].find_var("embedding_0.w_0").clone()
+    assert torch.equal(run("auto"), run("none"))
