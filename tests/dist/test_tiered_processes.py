@@ -18,7 +18,8 @@ import torch
 import zero_worker as Z
 from ssaexec.runtime.tiered import AGREE_EVERY
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.processes]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.processes,
+              pytest.mark.tiered]
 
 
 @pytest.fixture(scope="module")

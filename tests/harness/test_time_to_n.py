@@ -90,6 +90,7 @@ def test_bench_prints_time_to_n_beside_images_per_sec_and_the_headline(tmp_path,
     assert "torch-compile: compiled in" in text
 
 
+@pytest.mark.tiered
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_tiered_default_warms_up_to_its_switch(tmp_path, capsys, monkeypatch):

@@ -156,6 +156,7 @@ _SECOND_RUN = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.tiered
 def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("SSAEXEC_COMPILER", None)
@@ -171,6 +172,7 @@ def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path)
     assert "switches [2] ran {'straight': 2, 'compiled': 2}" in run("go")
 
 
+@pytest.mark.tiered
 @pytest.mark.slow  # a worker process's start and a cold compile: 10-25 s on 2 cores
 def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeypatch):
     """The compile proper runs in the worker process; this process's compile of the same
