@@ -18,6 +18,13 @@ import ssaexec as se
 from ssaexec.core.errors import SSAExecError
 from ssaexec.runtime.tiered import straight_reason
 
+# The whole module is `make test-tiered`'s, not `make test`'s: its executors run
+# compiler="auto", whose background trace thread outlives a test and shares torch.fx's
+# global trace state with the next test's trace in the same worker (fresh-clone run 49:
+# a from_torch in tests/state/test_dcp.py failed with KeyError 'custom' in
+# torch/fx/traceback.py); a known issue of the opt-in tiered compiler (issue 50)
+pytestmark = pytest.mark.tiered
+
 
 @pytest.fixture(autouse=True)
 def _no_compiler_from_the_environment(monkeypatch):
