@@ -27,8 +27,10 @@ enumerates, one case per private API.
 """
 
 import contextlib
+import functools
 import importlib
 import inspect
+import threading
 
 import torch
 
@@ -41,10 +43,18 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
            "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version",
-           "all_gather_single", "reduce_scatter_single"]
+           "all_gather_single", "reduce_scatter_single", "TRACE_LOCK"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
+
+# torch's tracers keep process-wide state (``torch.fx.traceback``'s ``current_meta``, the
+# node-meta flags, Inductor's config): two traces at once in two threads corrupt each other
+# (a background compile of compiler="auto" beside a from_torch import raised KeyError
+# 'custom' inside torch.fx). Every trace and compile ssaexec starts goes through
+# ``aot_export_module``, ``make_fx`` or ``compile_fx`` below, which hold this lock for the
+# call: ssaexec's own traces never overlap, whichever thread runs them
+TRACE_LOCK = threading.RLock()
 
 
 def torch_version():
@@ -293,8 +303,10 @@ _feature("capture.export_state", "torch._export.utils:_compiling_state_context",
 
 
 def aot_export_module(*args, **kwargs):
-    """``torch._functorch.aot_autograd.aot_export_module``."""
-    return FEATURES["capture.aot_export_module"].get()(*args, **kwargs)
+    """``torch._functorch.aot_autograd.aot_export_module`` (under ``TRACE_LOCK``)."""
+    fn = FEATURES["capture.aot_export_module"].get()
+    with TRACE_LOCK:
+        return fn(*args, **kwargs)
 
 
 def fake_tensor_mode(shape_env=None):
@@ -362,8 +374,10 @@ _feature("fx.dispatch_mode_key", "torch._C:_TorchDispatchModeKey.PROXY", "2.1",
 
 
 def compile_fx(gm, example_inputs, **kwargs):
-    """``torch._inductor.compile_fx.compile_fx``."""
-    return FEATURES["inductor.compile_fx"].get()(gm, example_inputs, **kwargs)
+    """``torch._inductor.compile_fx.compile_fx`` (under ``TRACE_LOCK``)."""
+    fn = FEATURES["inductor.compile_fx"].get()
+    with TRACE_LOCK:
+        return fn(gm, example_inputs, **kwargs)
 
 
 def inductor_config():
@@ -380,8 +394,14 @@ def tracing_context(fake_mode):
 
 
 def make_fx(fn, **kwargs):
-    """``torch.fx.experimental.proxy_tensor.make_fx``."""
-    return FEATURES["fx.make_fx"].get()(fn, **kwargs)
+    """``torch.fx.experimental.proxy_tensor.make_fx``; its trace runs under ``TRACE_LOCK``."""
+    traced = FEATURES["fx.make_fx"].get()(fn, **kwargs)
+
+    @functools.wraps(traced)
+    def trace(*args):
+        with TRACE_LOCK:
+            return traced(*args)
+    return trace
 
 
 def disable_proxy_modes_tracing():

@@ -514,6 +514,7 @@ class ParallelExecutor:
         """Join every worker thread, close the collective's communicators (NCCL's, once no
         op can use them) and restore torch's thread count (idempotent)."""
         self._scheduler.close()
+        self._runners.close()
         if self._collective is not None:
             self._collective.close()
         self._threads.restore()

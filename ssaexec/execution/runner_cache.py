@@ -101,6 +101,13 @@ class RunnerCache:
         return kind(graph, local_scopes, collective, self._scheduler, self.contexts(), sync,
                     run_places=run_places)
 
+    def close(self):
+        """Stop what runners do beside the steps (a tiered runner's background compiles)."""
+        for runner in self._runners.values():
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()
+
     def contexts(self):
         """One ``DeviceContext`` (compute/comm/fetch streams) per CUDA place, None for CPU."""
         if self._contexts is None:

@@ -363,9 +363,15 @@ class _CompiledSegment:
                       seg.place) from e
 
     def _refuse(self, reason):
+        """Refuse the segment (``refused``) and run this step's straight-line code."""
+        self.refuse(reason)
+        return self.fallback()
+
+    def refuse(self, reason):
+        """Keep the segment on its straight-line code from now on, said on one line;
+        runs nothing (the caller runs the step's code once, itself)."""
         self.refused = reason
         self.lowering.fall_back(self.seg, reason)
-        return self.fallback()
 
     def _record(self, scope):
         loads, stores = [], []
@@ -484,7 +490,8 @@ def compile_graph(gm, example_inputs):
         # strides, dtypes and devices it was compiled for (the signature picks it), so
         # Inductor's own check of each input, every call, would repeat ours (tens of
         # microseconds a step on a launch-bound model: one check per input)
-        with compat.tracing_context(fake_mode), compat.inductor_config().patch(
+        # the config patch is process-wide too: the whole call holds compat.TRACE_LOCK
+        with compat.TRACE_LOCK, compat.tracing_context(fake_mode), compat.inductor_config().patch(
                 emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
             return compat.compile_fx(gm, example_inputs, ignore_shape_env=True)
 

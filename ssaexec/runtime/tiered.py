@@ -46,6 +46,12 @@ the background (the trace, a fraction of a second; Inductor's import and the loa
 imports nothing of Inductor's (``_cache_dir``); the background thread does, from the trace
 on (``make_fx`` imports Inductor's package: 0.8 s).
 
+torch's tracers keep process-wide state, so the background thread's trace and loads hold
+``compat.TRACE_LOCK``, as every other ssaexec trace does (``from_torch``, a blocking
+compile): a model imported while a compile runs in the background waits for its trace or
+load to end, rather than corrupt it. Closing the executor (``ParallelExecutor.close``)
+skips its compiles still queued, and stops one in flight at its next phase.
+
 Cache across runs. Inductor keeps each compiled graph in its on-disk FX graph cache
 (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``, kept across runs
 until the machine cleans its temporary files). After each compile this module leaves a
@@ -217,7 +223,7 @@ class TieredLowering(InductorLowering):
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
                  "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
-                 "begun")
+                 "begun", "closed")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None):
@@ -239,6 +245,13 @@ class TieredLowering(InductorLowering):
         self.times = {"trace": 0.0, "worker": 0.0, "load": 0.0}
         self.agreement = None  # an _Agreement in a multi-process run (TieredRunner)
         self.begun = 0  # steps begun
+        self.closed = False  # the executor closed: its queued compiles are skipped
+
+    def close(self):
+        """Skip this lowering's background compiles from now on: those queued, and the
+        rest of one in flight (it stops at its next phase; a trace under way ends first,
+        holding ``compat.TRACE_LOCK``, so no other trace overlaps it)."""
+        self.closed = True
 
     def segment_body(self, seg):
         body = _TieredSegment(self, seg, self.base.segment_body(seg))
@@ -392,7 +405,8 @@ class _TieredSegment(_CompiledSegment):
         bad = next((n for n, t in zip(self.loads, inputs)
                     if not isinstance(t, torch.Tensor)), None)
         if bad is not None or key is None:
-            self._refuse(f"its input {bad!r} is not a tensor")
+            # refused, not run: run() runs this step's straight-line code once, after
+            self.refuse(f"its input {bad!r} is not a tensor")
             return
         if len(self.graphs) >= MAX_SIGNATURES:
             self.skipped.add(key)
@@ -407,7 +421,7 @@ class _TieredSegment(_CompiledSegment):
             copies = [_layout_copy(n, t) for n, t in
                       zip(self.loads + ["seed"] * len(self.draws), inputs)]
         except _Refused as e:
-            self._refuse(str(e))
+            self.refuse(str(e))
             return
         marker = _marker(self, key)
         low = self.lowering
@@ -430,7 +444,7 @@ class _Job:
 
     def __call__(self):
         seg = self.seg()
-        if seg is None or _EXITING.is_set():
+        if seg is None or _EXITING.is_set() or seg.lowering.closed:
             return
         low = seg.lowering
         t0 = time.perf_counter()
@@ -446,7 +460,7 @@ class _Job:
                 # the worker failed, the compile itself: slower, never a failed step)
                 _PROCESS.compile(gm, copies)
             t2 = time.perf_counter()
-            if _EXITING.is_set():
+            if _EXITING.is_set() or low.closed:
                 return
             with _COMPILE_LOCK, _yielding():
                 fn = seg._compile_traced(gm, copies)
@@ -470,7 +484,7 @@ class _Job:
             low.pending -= 1
             low.cond.notify_all()
         if reason is not None and not _EXITING.is_set():  # (modules go away at exit)
-            seg._refuse(reason)
+            seg.refuse(reason)  # said; the step's code runs in the training thread, not here
 
 
 def _cache_dir():
@@ -624,3 +638,7 @@ class TieredRunner(Runner):
         fetched = super().run(sync)
         self.lowering.end_step(time.perf_counter() - t0)
         return fetched
+
+    def close(self):
+        """The executor closed: its background compiles stop (``TieredLowering.close``)."""
+        self.lowering.close()

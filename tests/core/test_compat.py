@@ -259,3 +259,35 @@ def test_a_keyword_feature_is_native_only_when_the_signature_names_it():
         refused.get()
     assert "torch.cuda.graph(no_such_keyword_in_any_torch=...)" in str(e.value)
     assert "torch >= 9.9" in str(e.value)
+
+
+@pytest.mark.parametrize("entry", ["make_fx", "aot_export_module"])
+def test_traces_wait_for_trace_lock(entry):
+    # torch's tracers keep process-wide state: a trace in another thread (compiler="auto"'s
+    # background compile) while this one held it broke from_torch (KeyError 'custom' in
+    # torch.fx). Every ssaexec trace goes through compat under TRACE_LOCK: none starts
+    # while another thread holds it (never a false failure: with the lock working, the
+    # trace cannot end before the release)
+    import threading
+
+    def f(x):
+        return (x * 2).sum()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return (x * 2,)
+
+    def trace():
+        if entry == "make_fx":
+            compat.make_fx(f)(torch.ones(3))
+        else:
+            compat.aot_export_module(M(), [torch.ones(3)], trace_joint=False)
+        done.set()
+
+    done = threading.Event()
+    with compat.TRACE_LOCK:
+        t = threading.Thread(target=trace)
+        t.start()
+        assert not done.wait(0.3)
+    t.join(timeout=120)
+    assert done.is_set()

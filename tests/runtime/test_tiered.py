@@ -238,9 +238,12 @@ def test_the_cache_path_is_inductors_without_importing_it(tmp_path, where):
     assert out.stdout.startswith("True "), out.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="known (issue 50): lazy sparse Adam trains differently "
-                   "under compiler='auto'; why the default stays None (core/strategy.py)")
 def test_lazy_sparse_adam_trains_alike_under_auto():
+    # a segment refused when its compile was submitted (its sparse gradient is an expanded
+    # tensor) once ran its step's code twice, applying Adam twice (0.018 apart after 6
+    # steps); and a refusal in the background thread ran the segment there. Now each runs
+    # once: equal to None's up to the switch's float32 rounding (a warm cache switches at
+    # step 3)
     from tests.ops.test_sparse import build, feeds
 
     def run(compiler):
@@ -252,4 +255,4 @@ def test_lazy_sparse_adam_trains_alike_under_auto():
             for f in feeds(6, vocab=1000):
                 pe.run([loss.name], feed=f)
             return pe.local_scopes[0].find_var("embedding_0.w_0").clone()
-    assert torch.equal(run("auto"), run("none"))
+    torch.testing.assert_close(run("auto"), run("none"), rtol=1e-5, atol=1e-6)
