@@ -13,17 +13,17 @@ measurement is a **fresh process** with its **own empty Inductor cache**
 imports (torch, ssaexec) are timed apart (``import_s``) and not included: every mode pays
 them alike.
 
-Modes: ``ssaexec`` (``compiler=None``: the straight-line path), ``ssaexec-inductor``
-(``compiler="inductor"``: its first two steps record and compile, blocking),
-``ssaexec-auto`` (``compiler="auto"``: tiered, ``runtime.tiered``; the step it switched at
-is reported), ``torch-compile`` (its first step compiles) and ``torch-eager``. The models
+Modes: ``ssaexec`` (``ExecutionStrategy``'s default, ``compiler="auto"``: tiered,
+``runtime.tiered``; the step it switched at is reported), ``ssaexec-none``
+(``compiler=None``: the straight-line path), ``ssaexec-inductor`` (``compiler="inductor"``:
+its first two steps record and compile, blocking), ``torch-compile`` (its first step compiles) and ``torch-eager``. The models
 are ``ssaexec bench``'s presets (``ssaexec.harness.workloads``), one CPU place.
 
 The measurement is ``ssaexec.harness.time_to_steps`` (``run_fresh``, ``tier_report``),
 the same definitions as ``ssaexec bench``'s time-to-N columns; here every step is run.
 
 Figures: for each mode and N the median over rounds, and the ratio against
-``torch-compile`` and ``ssaexec``; ``ssaexec-auto``'s switch step and its time per step
+``torch-compile`` and ``ssaexec-none``; ``ssaexec``'s switch step and its time per step
 before and after the switch.
 """
 
@@ -37,10 +37,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("ssaexec", "ssaexec-inductor", "ssaexec-auto", "torch-compile", "torch-eager")
+MODES = ("ssaexec", "ssaexec-none", "ssaexec-inductor", "torch-compile", "torch-eager")
 MODELS = ("transformer", "hf-llama", "hf-bert", "quick")
 # the ssaexec modes' compilers (the harness's trainers otherwise)
-COMPILERS = {"ssaexec": None, "ssaexec-inductor": "inductor", "ssaexec-auto": "auto"}
+# ("none", not None: SSAEXEC_COMPILER, where set, replaces None and "default" alike)
+COMPILERS = {"ssaexec": "default", "ssaexec-none": "none", "ssaexec-inductor": "inductor"}
 
 
 def trainer(model, mode):
@@ -70,7 +71,7 @@ def trainer(model, mode):
 def run_fresh(model, mode, steps):
     """In this process (fresh, by its caller's design): build ``mode``'s trainer and run
     ``max(steps)`` steps; the result dict (``import_s``, ``build_s``, ``to_step`` for each
-    of ``steps``, and for ``ssaexec-auto`` what ``tier_report`` says)."""
+    of ``steps``, and for a tiered run what ``tier_report`` says)."""
     t_import = time.perf_counter()
     import torch  # noqa: F401
     import ssaexec  # noqa: F401
@@ -88,8 +89,9 @@ def run_fresh(model, mode, steps):
         times.append(ends[-1] - ts)
     result = {"import_s": import_s, "build_s": build_s,
               "to_step": to_step(ends, t0, marks)["to_step"]}
-    if mode == "ssaexec-auto" and getattr(t, "pe", None) is not None:
-        result.update(tier_report(t.pe, times) or {})
+    pe = getattr(t, "pe", None)
+    if pe is not None and pe.exec_strategy.compiler == "auto":
+        result.update(tier_report(pe, times) or {})
     t.close()
     return result
 
@@ -162,20 +164,20 @@ def main(argv=None):
     print(f"{'mode':17s} " + " ".join(f"{'N=' + str(n):>10s}" for n in args.steps))
     for mode in args.modes:
         print(f"{mode:17s} " + " ".join(f"{med[mode][n]:9.2f}s" for n in args.steps))
-    for ref in ("torch-compile", "ssaexec"):
+    for ref in ("torch-compile", "ssaexec-none"):
         if ref in med:
             for mode in args.modes:
                 if mode != ref:
                     print(f"{mode:17s} / {ref:13s} " + " ".join(
                         f"{med[mode][n] / med[ref][n]:9.2f}x" for n in args.steps))
-    for res in raw.get("ssaexec-auto", []):
+    for res in raw.get("ssaexec", []):
         if "switch_step" in res:
-            print(f"ssaexec-auto switched at step {res['switch_step']} (compile "
+            print(f"ssaexec switched at step {res['switch_step']} (compile "
                   f"{res['compile_s']:.1f} s in the background): "
                   f"{res['before_ms'] or float('nan'):.2f} ms a step before, "
                   f"{res['after_ms'] or float('nan'):.2f} ms after")
         else:
-            print("ssaexec-auto did not switch within the steps run")
+            print("ssaexec did not switch within the steps run")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "raw": raw, "medians": med,

@@ -235,7 +235,19 @@ def print_header(args, s):
     print(f"  parameters: {s.notes['init']}")
     print(f"  feed: {s.notes['feed']}")
     print(f"  {s.notes['collective']}")
+    st = s.pe.exec_strategy
+    print(f"  compiler: {_COMPILER_SAYS[st.compiler if st.compiled else 'readable']}")
     sys.stdout.flush()
+
+
+# the header's compiler line: what the steps run on
+_COMPILER_SAYS = {
+    "auto": "auto (steps start on the straight-line path; Inductor compiles in the "
+            "background and the steps switch at a step boundary)",
+    "inductor": "inductor (each segment compiled before its first step)",
+    None: "none (the straight-line path)",
+    "readable": "none (the readable per-op path)",
+}
 
 
 def print_step(bar, k, steps, loss, seconds, tag="", status=""):

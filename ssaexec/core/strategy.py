@@ -12,12 +12,13 @@ from .errors import SSAExecError
 __all__ = ["BuildStrategy", "ExecutionStrategy"]
 
 # ExecutionStrategy's compiler when none is named: the one switch of the default path.
-# "auto": tiered (runtime.tiered; where Inductor cannot run, the compiled path, said on
-# one line); None: the straight-line compiled path. None for now: the suite run with
-# SSAEXEC_COMPILER=auto found lazy (sparse) Adam training differently from None, so the
-# tiered path stays opt-in until it passes the whole suite (issue 50). The test suite
-# sets SSAEXEC_COMPILER to "none" (tests/conftest.py)
-DEFAULT_COMPILER = None
+# "auto": tiered (runtime.tiered): steps start at once on the straight-line path and switch
+# to Inductor's graphs, compiled in the background, at a step boundary; where Inductor
+# cannot run (no C++ compiler, no Triton, CUDA graph capture) it is the straight-line path,
+# said on one line. The test suite runs with SSAEXEC_COMPILER=none (tests/conftest.py: a
+# background compile in every test's executor would cost seconds of CPU each); make
+# test-auto runs it with this default
+DEFAULT_COMPILER = "auto"
 
 
 def _check(name, value, allowed):
@@ -223,12 +224,11 @@ class ExecutionStrategy:
         graph); "auto" runs the generated code at once, compiles the segments in the
         background and switches to them at a step boundary (``runtime.tiered``). A
         segment Inductor cannot compile runs its generated code, with one line saying
-        why. "default" is ``DEFAULT_COMPILER``: None for now ("auto" stays opt-in
-        until it passes the whole suite; where Inductor cannot run, no C++ compiler
-        or Triton, CUDA graphs, "auto" is the compiled path, said on one line). The environment variable
-        ``SSAEXEC_COMPILER`` ("inductor", "auto" or "none"), when set, replaces
-        "default" and None (``make test-inductor`` runs the suite so; the test suite
-        sets "none").
+        why. "default" is ``DEFAULT_COMPILER``, "auto" (where Inductor cannot run,
+        no C++ compiler or Triton, CUDA graphs, "auto" is the compiled path, said on
+        one line). The environment variable ``SSAEXEC_COMPILER`` ("inductor", "auto"
+        or "none"), when set, replaces "default" and None (``make test-inductor`` and
+        ``make test-auto`` run the suite so; the test suite sets "none").
     """
 
     __slots__ = ("num_threads", "sync", "amp", "torch_threads", "compiled", "amp_allreduce",
