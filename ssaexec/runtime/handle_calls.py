@@ -8,7 +8,10 @@ are nodes of their own. Which function a handle gets is dispatched on its class
 * A ``ComputationOpHandle`` becomes an ``OpCall`` bound to its place's scope.
 * Collectives call the collective backend on the places' tensors, each with the
   op's name as ``label`` for its errors. A split all-reduce leaves its completion
-  in ``pending``; its ``AllReduceWaitOpHandle`` runs it.
+  in ``pending``; its ``AllReduceWaitOpHandle`` runs it. A fused bucket goes through
+  one flat buffer per place, except in one process (a ``local_only`` backend, no wire
+  dtype), where its vars' own tensors are summed coalesced (``all_reduce_coalesced``:
+  the copies in and out of the buffer cost more than the sums on small models).
 * ZeRO's all-gather makes each place's full parameter from every rank's shard
   (rewriting the one the place holds, else binding a new tensor), its
   reduce-scatter each place's gradient shard, and a free drops a value from its
@@ -198,8 +201,13 @@ class HandleCalls:
         return run
 
     def _fused_all_reduce(self, op, everyone):
-        # one flat buffer per place, one collective, then copy the slices back
         per_name = [self._tensors(name, everyone, op) for name in op.var_names]
+        coll = self.collective
+        if getattr(coll, "local_only", False) and not op.wire_dtype:
+            # in one process: the sums of the vars' own tensors, coalesced (no flat buffer)
+            coll.all_reduce_coalesced(per_name, op.name)
+            return _done
+        # one flat buffer per place, one collective, then copy the slices back
         flats = [torch.cat([ts[pi].reshape(-1) for ts in per_name]) for pi in everyone]
         started = op.apply_start(self.collective, flats, op.name)
 
@@ -232,6 +240,10 @@ class HandleCalls:
                     vals.append(t.detach().to("cpu", copy=True))
             self.fetched[name] = vals
         return run
+
+
+def _done():
+    return None
 
 
 def _world(graph, collective):

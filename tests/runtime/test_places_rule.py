@@ -188,3 +188,64 @@ def test_the_simulator_keeps_the_way_the_rule_picks():
     best, pool, alone = _replays(device_us=0.1, host_us=20, hop_us=100)
     assert alone.step_s < pool.step_s and best.inline and best.step_s == alone.step_s
     assert "pool gained nothing" in places_rule.choose(pool.step_s, alone.step_s).reason
+
+
+# --- a bucket in one process: summed coalesced, bit for bit ------------------------------
+def test_a_bucket_in_one_process_is_summed_coalesced_as_var_by_var():
+    from ssaexec.runtime.collective import LocalCollective
+    g = torch.Generator().manual_seed(3)
+
+    def per_var():  # 3 places; a strided view, a 0-d and a sparse gradient among them
+        dense = [[torch.randn(5, 7, generator=g) for _ in range(3)],
+                 [torch.randn(7, 5, generator=g).t() for _ in range(3)],
+                 [torch.randn((), generator=g) for _ in range(3)],
+                 [torch.randn(4, generator=g, dtype=torch.float64) for _ in range(3)]]
+        rows = [torch.sparse_coo_tensor([[i, 2]], torch.randn(2, 3, generator=g), (4, 3))
+                for i in range(3)]
+        return dense + [rows]
+
+    coalesced = per_var()
+    g.manual_seed(3)
+    one_by_one = per_var()
+    coll = LocalCollective()
+    assert coll.all_reduce_coalesced(coalesced, "bucket") is coalesced
+    for ts in one_by_one:
+        coll.all_reduce(ts, label="bucket")
+    for mine, theirs in zip(coalesced, one_by_one):
+        for a, b in zip(mine, theirs):
+            if a.is_sparse:
+                a, b = a.to_dense(), b.to_dense()
+            assert torch.equal(a, b)
+        assert all(torch.equal(t if not t.is_sparse else t.to_dense(),
+                               mine[0] if not t.is_sparse else mine[0].to_dense())
+                   for t in mine)  # every place holds the sum
+
+
+def _train_fused(fuse, num_threads, steps=5):
+    main, startup, loss = _mlp()
+    pe = se.ParallelExecutor(se.cpu_places(2), main, startup, loss,
+                             build_strategy=se.BuildStrategy(fuse_all_reduce_ops=fuse),
+                             exec_strategy=se.ExecutionStrategy(num_threads=num_threads),
+                             scope=se.Scope())
+    try:
+        losses = [pe.run([loss], feed=_feed(k))[0] for k in range(steps)]
+        collectives = [h for h in pe._runner((loss,)).graph.collectives]
+        params = {(v.name, i): pe.get_var(v.name, i)
+                  for v in main.global_block().vars.values() if v.persistable
+                  for i in range(2)}
+    finally:
+        pe.close()
+    return losses, params, collectives
+
+
+def test_bucketed_gradients_train_bit_identically_to_one_all_reduce_each_both_ways():
+    base_losses, base, per_grad = _train_fused(False, 1)
+    for nt in (1, 3):  # turns, threads
+        losses, params, bucket = _train_fused(True, nt)
+        assert len(bucket) == 1 < len(per_grad)  # one coalesced all-reduce of every grad
+        assert len(bucket[0].var_names) == len(per_grad)
+        assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+                   for a, b in zip(losses, base_losses))
+        assert params.keys() == base.keys()
+        for name, value in params.items():
+            assert torch.equal(value, base[name]), (nt, name)
