@@ -1,7 +1,12 @@
 """Several places in one process against one place and DDP (issue 50: places never cost).
 
-``python bench/places_scaling.py [--models transformer,hf-llama,quick] [--compilers none,inductor]
-[--rounds 5] [--no-harness] [--json FILE]``
+``python bench/places_scaling.py [--models transformer,hf-llama,quick]
+[--compilers none,straight,inductor,auto] [--rounds 5] [--no-harness] [--json FILE]``
+
+Compilers: ``none`` (``compiler=None``: one all-reduce per gradient in one process),
+``straight`` (``compiler=None`` on the graph ``compiler="auto"`` builds, gradients in
+buckets: the straight-line tier that ``auto`` runs before its switch), ``inductor`` and
+``auto`` (timed after its switch and the probe the switch starts).
 
 Two parts, each paired (the ways alternate window by window, in one run):
 
@@ -38,7 +43,10 @@ sys.path.insert(0, ROOT)
 
 MODELS = ("transformer", "hf-llama", "quick")
 PRESET_ARGS = {"quick": ["--quick"], "tiny": ["--preset", "tiny"]}  # tiny: the tests' MLP
-COMPILERS = ("none", "inductor", "auto")
+# "straight": compiler=None on the graph compiler="auto" builds (gradients in buckets,
+# BuildStrategy.for_compiler): the straight-line code "auto" runs before its switch, kept
+# there (with a warm Inductor cache "auto" switches on its second step)
+COMPILERS = ("none", "straight", "inductor", "auto")
 WAYS = ("1 place", "2 places", "2 threads", "2 turns")
 
 
@@ -55,19 +63,24 @@ def _trainer(s, places, num_threads, compiler):
     from ssaexec.harness import runners
     from ssaexec.harness.workloads import IMPORTED
 
+    buckets = compiler == "straight"
+    compiler = None if buckets else compiler
     base = runners.FromTorchTrainer if compiler and s["model"] not in IMPORTED \
         else runners.ParallelTrainer
 
     class Trainer(base):
         def __init__(self, cfg):
             self.compiler = compiler
-            strategy = se.ExecutionStrategy
+            strategy, executor = se.ExecutionStrategy, se.ParallelExecutor
             # the way forced (num_threads), or the executor's rule (None)
             se.ExecutionStrategy = lambda **kw: strategy(num_threads=num_threads, **kw)
+            if buckets:
+                se.ParallelExecutor = lambda *a, **kw: executor(
+                    *a, build_strategy=se.BuildStrategy().for_compiler("auto"), **kw)
             try:
                 super().__init__(cfg)
             finally:
-                se.ExecutionStrategy = strategy
+                se.ExecutionStrategy, se.ParallelExecutor = strategy, executor
 
     return Trainer({"mode": "ssaexec", "places": places, "device": "cpu", "settings": s})
 
@@ -76,6 +89,7 @@ def ways(model, compiler, rounds):
     """Part 1: the ways of two places against one place, paired in this process."""
     import torch
     from ssaexec.core.place import available_cores
+    from ssaexec.harness import runners
     from ssaexec.runtime import places_rule
     s = _settings(model)
     threads = s.get("torch_threads") or available_cores()
@@ -88,6 +102,13 @@ def ways(model, compiler, rounds):
         # untimed: the warm-up, the probe's steps (runtime.places_rule) and a compile
         for _ in range(max(s["warmup"], len(places_rule.PROBE)) + (2 if compiler else 0)):
             t.step()
+        if compiler == "auto":  # timed after the switch, and after the probe it starts
+            start = time.perf_counter()
+            while (runners.tier_report(t.pe) or {}).get("switch_step") is None and \
+                    time.perf_counter() - start < 300:
+                t.step()
+            for _ in range(len(places_rule.PROBE)):
+                t.step()
     ips = {w: [] for w in WAYS}
     for r in range(rounds):
         order = WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]
@@ -146,7 +167,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--compilers", default="none",
-                    help="comma list of none, inductor, auto (ExecutionStrategy(compiler=))")
+                    help="comma list of none, straight, inductor, auto "
+                         "(ExecutionStrategy(compiler=); straight: None on auto's graph)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-harness", action="store_true", help="part 1 only")
     ap.add_argument("--json", default=None)

@@ -39,6 +39,21 @@ work: one process per place, the torchrun path (``se.distributed``, ``ssaexec be
 --modes ssaexec-nproc``). When it kept more busy, the cores are the limit (a loaded
 machine, or kernels that fill them). The reason line says which.
 
+What the ways cost beyond the places' own work (issue 50, measured on the transformer
+preset, 2 CPU places against 1, turns; ``bench/places_scaling.py``). The in-process
+all-reduce of a bucket is summed coalesced (``LocalCollective.all_reduce_coalesced``: a
+foreach add and copy per other place, bit for bit the per-gradient sums): through a flat
+buffer it cost 0.21 ms of a 0.88 ms step under ``compiler="inductor"`` (0.77x of one
+place's images/sec), coalesced 0.04 ms (0.94x). Buckets matter on the straight-line path
+too: one all-reduce per gradient (``compiler=None``'s graph in one process,
+``BuildStrategy.fuses_all_reduce``) cuts each place's code into a segment per gradient, and
+their loads, frees and scheduling cost about 0.3 ms of a 2.1 ms step (0.87x); the bucketed
+graph ``compiler="auto"`` builds runs its straight-line tier at about 1.0x. Threads under
+Inductor: the C++ wrapper's entry releases the interpreter lock for the whole graph (about
+90% of a call of the transformer's forward and backward: the rest is Python wrappers), so
+two places' compiled graphs can overlap when a core is free; a graph compiled with the
+Python wrapper (``inductor._cpp_wrapper_ok`` refused it) holds the lock in every kernel.
+
 Not chosen here: one place (nothing to overlap), CUDA places (kernels run on the devices:
 threads; or per-place CUDA graphs, ``ExecutionStrategy(cuda_graph=True)``), a user's
 ``ExecutionStrategy(num_threads=...)`` (their choice stands), and a multi-process run's

@@ -380,7 +380,9 @@ class _Replay:
             return
         # CPU places: the in-process part is host work (sums and copies on the thread)
         calls = model.passes * (P - 1)
-        if len(h.var_names) > 1 and P > 1:  # a fused bucket: flatten, then copy back
+        # a fused bucket across processes: flatten, then copy back (in one process its
+        # vars are summed coalesced, as many calls as one var: all_reduce_coalesced)
+        if len(h.var_names) > 1 and P > 1 and cross:
             calls += P * (1 + len(h.var_names))
             if self.cluster.local_sum is not None:
                 local += 2 * P * nbytes / self.cluster.local_sum[1]
