@@ -107,13 +107,18 @@ class LocalCollective:
         instead of two calls per var: a fused bucket in one process
         (``HandleCalls._fused_all_reduce``), with no flat buffer to fill and empty. Vars
         that are sparse or whose tensors lie on several devices go var by var."""
-        fast, slow = [], []
-        for ts in per_var:
-            dev = ts[0].device
-            (slow if is_sparse_collective(ts, label) or any(t.device != dev for t in ts)
-             else fast).append(ts)
-        for ts in slow:
-            self.all_reduce(ts, label=label)
+        dev = per_var[0][0].device if per_var else None
+        # one look at every tensor (the usual bucket: dense, on one device), else var by var
+        if all(not t.is_sparse and t.device == dev for ts in per_var for t in ts):
+            fast = per_var
+        else:
+            fast = []
+            for ts in per_var:
+                if is_sparse_collective(ts, label) or any(t.device != ts[0].device
+                                                          for t in ts):
+                    self.all_reduce(ts, label=label)
+                else:
+                    fast.append(ts)
         if fast:
             accs = [ts[0] for ts in fast]
             for pi in range(1, len(fast[0])):
