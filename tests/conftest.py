@@ -122,10 +122,43 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# make test-auto (SSAEXEC_COMPILER=auto: every ExecutionStrategy is tiered, the library's
+# default): the tests that cannot hold then, each with why. Keys are node id prefixes.
+_RESUMES = ("bit for bit against the run that never stopped: under compiler='auto' a run "
+            "switches to Inductor's graphs at a step of its own (its third with a warm "
+            "cache), so a resumed run agrees to float32 rounding, not bit for bit "
+            "(docs/strategies.md, numerics and exact resume)")
+_HARNESS = ("the harness's 'ssaexec' mode is the default: under compiler='auto' it steps on "
+            "until its switch before it is timed, so its losses come after more steps than "
+            "its peers', and its compile seconds are the background's")
+AUTO_EXCEPTIONS = {
+    # bit for bit against a run that compiles on other steps: so under "auto" too
+    **{k: w for k, w in INDUCTOR_EXCEPTIONS.items() if w.startswith("bit for bit")},
+    "tests/state/test_zero_checkpoint.py::test_killed_and_resumed_equals_the_run_that_never_stopped":
+        _RESUMES,
+    "tests/runtime/test_inductor.py": "compares the compiler with the compiled path: needs both",
+    "tests/runtime/test_hot_path.py::test_imported_models_bit_identical_and_copy_free":
+        "counts the straight-line path's own segments and copies; compiler='auto' runs the "
+        "Inductor runner's segments",
+    "tests/runtime/test_cuda_graphs.py":
+        "bit for bit between captured steps (no tiers: CUDA graph capture keeps the "
+        "straight-line path) and uncaptured ones, which switch to Inductor's graphs",
+    "tests/frontends/torch/test_zoo.py::test_bench_compares_hf_llama_with_ddp": _HARNESS,
+    "tests/harness/test_time_to_n.py::test_bench_prints_time_to_n_beside_images_per_sec_and_the_headline":
+        _HARNESS,
+    "tests/harness/test_dispatch_bench.py::test_bench_transformer_runs": _HARNESS,
+    "tests/harness/test_places_scaling.py::test_the_ways_run_paired_and_the_rule_says_what_it_kept":
+        "the places rule probes again after the switch: the script's short run ends "
+        "mid-probe, with no choice to report",
+}
+EXCEPTIONS = {"inductor": INDUCTOR_EXCEPTIONS, "auto": AUTO_EXCEPTIONS}
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("SSAEXEC_COMPILER") == "inductor":
+    exceptions = EXCEPTIONS.get(os.environ.get("SSAEXEC_COMPILER"))
+    if exceptions:
         for item in items:
-            why = next((w for k, w in INDUCTOR_EXCEPTIONS.items()
+            why = next((w for k, w in exceptions.items()
                         if item.nodeid.startswith(k)), None)
             if why is not None:
                 item.add_marker(pytest.mark.skip(reason=f"under SSAEXEC_COMPILER: {why}"))

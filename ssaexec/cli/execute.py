@@ -242,8 +242,8 @@ def print_header(args, s):
 
 # the header's compiler line: what the steps run on
 _COMPILER_SAYS = {
-    "auto": "auto (steps start on the straight-line path; Inductor compiles in the "
-            "background and the steps switch at a step boundary)",
+    "auto": "auto (tiered: the straight-line path at once, Inductor's graphs compiled in "
+            "the background and switched to between steps)",
     "inductor": "inductor (each segment compiled before its first step)",
     None: "none (the straight-line path)",
     "readable": "none (the readable per-op path)",

@@ -174,8 +174,8 @@ def available(name):
 
 # the foreach ops ssaexec calls (ops.optim's fused updates, bench/); tests/core/test_compat.py
 # checks each, and that no other name is used
-FOREACH_USED = ("add", "add_", "addcmul_", "clone", "div", "mul", "mul_", "neg", "sqrt",
-                "sub_")
+FOREACH_USED = ("add", "add_", "addcmul_", "clone", "copy_", "div", "mul", "mul_", "neg",
+                "sqrt", "sub_")
 
 
 def _per_tensor(op):

@@ -174,7 +174,7 @@ class ParallelExecutor:
         self._threads = TorchThreads()
         self._threads.apply(self.places, self.exec_strategy.torch_threads,
                             _distributed.local_world_size() if self.distributed else 1)
-        self._finalizer = weakref.finalize(self, _shutdown, self._scheduler)
+        self._finalizer = weakref.finalize(self, _shutdown, self._scheduler, self._runners)
         try:
             if share_vars_from is not None:
                 self._share_vars(share_vars_from)
@@ -526,6 +526,8 @@ class ParallelExecutor:
         self.close()
 
 
-def _shutdown(scheduler):
-    # the garbage collector runs this: stop the workers, never wait for them here
+def _shutdown(scheduler, runners):
+    # the garbage collector runs this: stop the workers, never wait for them here, and
+    # skip the runners' background compiles (compiler="auto")
     scheduler.close(wait=False)
+    runners.close()

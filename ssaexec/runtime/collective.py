@@ -21,6 +21,7 @@ processes (its ``close`` leaves the process group alone: ``se.distributed`` owns
 
 import torch
 
+from ..core import compat
 from ..core.errors import SSAExecError
 from ..ops.sparse import sum_rows
 
@@ -103,7 +104,7 @@ class LocalCollective:
     def all_reduce_coalesced(self, per_var, label=None):
         """Each var's tensors (``per_var[k]``: one per place) become their sum, as
         ``all_reduce`` makes it var by var (the same adds in place order, so bit for bit),
-        in one ``torch._foreach_add_`` and one ``torch._foreach_copy_`` per other place
+        in one foreach add and one foreach copy (``compat.foreach``) per other place
         instead of two calls per var: a fused bucket in one process
         (``HandleCalls._fused_all_reduce``), with no flat buffer to fill and empty. Vars
         that are sparse or whose tensors lie on several devices go var by var."""
@@ -121,10 +122,11 @@ class LocalCollective:
                     fast.append(ts)
         if fast:
             accs = [ts[0] for ts in fast]
+            add_, copy_ = compat.foreach("add_"), compat.foreach("copy_")
             for pi in range(1, len(fast[0])):
-                torch._foreach_add_(accs, [ts[pi] for ts in fast])
+                add_(accs, [ts[pi] for ts in fast])
             for pi in range(1, len(fast[0])):
-                torch._foreach_copy_([ts[pi] for ts in fast], accs)
+                copy_([ts[pi] for ts in fast], accs)
         return per_var
 
     def reduce(self, tensors, root, average=False, label=None):

@@ -160,12 +160,19 @@ def say_straight(reason):
 
 class _Worker:
     """One background thread per process, running compile jobs in turn (Inductor keeps
-    process-wide state: one compile at a time, ``inductor._COMPILE_LOCK``)."""
+    process-wide state: one compile at a time, ``inductor._COMPILE_LOCK``).
+
+    Warm jobs (loads from the cache) go before cold ones, in submission order otherwise:
+    a step boundary may wait for a warm load (``TieredLowering._ready``), never for another
+    runner's cold compile queued ahead of it. ``cold`` is True while a cold compile runs:
+    then a warm load cannot start before it ends, and nothing waits for it."""
 
     def __init__(self):
-        self.jobs = queue.SimpleQueue()
+        self.jobs = queue.PriorityQueue()  # (cold?, submission number, job)
+        self.count = 0
         self.thread = None
         self.lock = threading.Lock()
+        self.cold = False
 
     def submit(self, job):
         with self.lock:
@@ -177,19 +184,23 @@ class _Worker:
                 self.thread = threading.Thread(target=self._loop, name="ssaexec-compile",
                                                daemon=True)
                 self.thread.start()
-        self.jobs.put(job)
+            self.count += 1
+            self.jobs.put((not job.warm, self.count, job))
 
     def _loop(self):
         while not _EXITING.is_set():
             try:
-                job = self.jobs.get(timeout=0.5)
+                cold, _, job = self.jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
+            self.cold = cold
             try:
                 job()
             except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
                 print(f"ssaexec: a background compile failed: {type(e).__name__}: "
                       f"{_first_line(e)}", file=sys.stderr, flush=True)
+            finally:
+                self.cold = False
 
 
 _WORKER = _Worker()
@@ -339,7 +350,10 @@ class TieredLowering(InductorLowering):
         if not self.segs:
             return False
         waiting = [s for s in self.segs if not s.settled()]
-        if waiting and all(s.warm and s.pending_key == s.current for s in waiting):
+        # only warm loads are waited for, and not behind a cold compile (another runner's:
+        # its seconds or minutes would be a wait)
+        if waiting and all(s.warm and s.pending_key == s.current for s in waiting) \
+                and not _WORKER.cold:
             deadline = time.monotonic() + WARM_WAIT_S
             with self.cond:
                 while any(s.pending_key is not None for s in waiting) and \

@@ -32,7 +32,7 @@ EXCEPTIONS = set()
 def _foreach_case(op):
     a = [torch.tensor([1.0, -2.0]), torch.tensor([[3.0]])]
     b = [torch.tensor([0.5, 4.0]), torch.tensor([[2.0]])]
-    args = {"add": (a, b), "add_": (a, b), "addcmul_": (a, b, b), "clone": (a,),
+    args = {"add": (a, b), "add_": (a, b), "addcmul_": (a, b, b), "clone": (a,), "copy_": (a, b),
             "div": (a, b), "mul": (a, b), "mul_": (a, 2.0), "neg": (a,),
             "sqrt": ([x.abs() for x in a],), "sub_": (a, b)}[op]
     return args
