@@ -1,7 +1,7 @@
 """Time to N training steps, compile included, each mode in a fresh process (issue 50).
 
 ``python bench/time_to_steps.py [--model transformer] [--modes ...] [--steps 1,10,100,1000]
-[--rounds 2] [--json FILE]``
+[--rounds 2] [--warm] [--json FILE]``
 
 What a user waits for: the wall time from building the trainer (the program, the
 executor, and for the blocking modes the compile) to the end of step N, for each N in
@@ -62,9 +62,10 @@ def trainer(model, mode):
         runners.EagerTrainer.__init__(t, cfg)
         return t
 
-    class Trainer(runners.FromTorchTrainer):
+    class Trainer(runners.ParallelTrainer):
+        # every ssaexec mode on the program of ssaexec bench's "ssaexec" mode (a torch-only
+        # model imported with from_torch, the others built), its compiler apart
         compiler = COMPILERS[mode]
-        program = runners.InductorTrainer.program  # the model as the compiler modes import it
     return Trainer(cfg)
 
 
@@ -102,16 +103,23 @@ def worker(model, mode, steps):
     print(json.dumps(run_fresh(model, mode, steps)))
 
 
-def measure(model, mode, steps):
-    """One fresh process with an empty Inductor cache: its JSON result."""
+def measure(model, mode, steps, warm=False):
+    """One fresh process with an empty Inductor cache: its JSON result. ``warm``: then a
+    second fresh process on the cache the first one left (what a second run of the same
+    program meets), whose result is the value of the key ``"warm"``."""
     with tempfile.TemporaryDirectory(prefix="ssaexec-time-to-steps-") as cache:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, mode,
                "--steps", ",".join(map(str, steps))]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200,
-                              env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
-    if proc.returncode != 0:
-        raise SystemExit(f"{model} {mode} failed:\n{proc.stdout}{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        runs = [subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200,
+                               env=env) for _ in range(2 if warm else 1)]
+    for proc in runs:
+        if proc.returncode != 0:
+            raise SystemExit(f"{model} {mode} failed:\n{proc.stdout}{proc.stderr}")
+    cold, *second = [json.loads(p.stdout.strip().splitlines()[-1]) for p in runs]
+    if second:
+        cold["warm"] = second[0]
+    return cold
 
 
 def parse(argv):
@@ -124,6 +132,10 @@ def parse(argv):
                     help="comma list of step counts N (time to each, compile included)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the raw figures here")
+    ap.add_argument("--warm", action="store_true",
+                    help="after each cold run of a mode, a second process on the cache it "
+                         "left (a second run of the same program): its times and, for "
+                         "ssaexec, the step it switched at")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -149,9 +161,14 @@ def main(argv=None):
     raw = {mode: [] for mode in args.modes}
     for r in range(args.rounds):
         for mode in (args.modes if r % 2 == 0 else args.modes[::-1]):
-            res = measure(args.model, mode, args.steps)
+            res = measure(args.model, mode, args.steps, warm=args.warm)
             raw[mode].append(res)
             extra = f"  switched at step {res['switch_step']}" if "switch_step" in res else ""
+            if "warm" in res:
+                w = res["warm"]
+                extra += ("  | warm cache: " + "  ".join(
+                    f"N={n}: {w['to_step'][str(n)]:.2f} s" for n in args.steps) +
+                    (f"  switched at step {w['switch_step']}" if "switch_step" in w else ""))
             print(f"round {r + 1}: {mode:17s} " + "  ".join(
                 f"N={n}: {res['to_step'][str(n)]:7.2f} s" for n in args.steps) +
                 f"  (build {res['build_s']:.2f} s)" + extra,
