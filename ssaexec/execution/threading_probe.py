@@ -10,10 +10,13 @@ only changes speed. CUDA places and a single place are never probed.
 
 A runner whose lowering switches tier (``compiler="auto"``: ``runtime.tiered``, its
 ``switches``) is probed again after each switch: the compiled tier's steps may favour
-the other way.
+the other way. A runner is also probed again after ``places_rule.REPROBE_EVERY`` steps on
+the way it kept: the winner can turn with the machine's load. While it is, ``choice``
+still says the way kept before.
 
-Invariant: one ``ThreadingProbe`` per runner and tier, made on its first step there and
-done after ``len(places_rule.PROBE)`` steps; a done probe sets only the runner's way.
+Invariant: one live ``ThreadingProbe`` per runner, made on its first step, after a tier
+switch or after ``REPROBE_EVERY`` steps on the kept way, and done after
+``len(places_rule.PROBE)`` steps; a done probe sets only the runner's way.
 """
 
 from ..core.place import available_cores
@@ -29,16 +32,23 @@ class ThreadingProbe:
     runner keeps the way ``places_rule.choose`` picked (``choice``).
     """
 
-    __slots__ = ("k", "times", "cpu", "done", "choice", "epoch")
+    __slots__ = ("k", "times", "cpu", "done", "choice", "epoch", "kept", "previous")
     SCHEDULE = tuple(m == "turns" for m in places_rule.PROBE)  # inline? for steps 1..n
 
-    def __init__(self, epoch=0):
+    def __init__(self, epoch=0, previous=None):
         self.k = 0
         self.times = {m: [] for m in places_rule.MODES}
         self.cpu = {m: [] for m in places_rule.MODES}  # the process's CPU seconds, alike
         self.done = False
         self.choice = None  # places_rule.PlacesChoice, once done
         self.epoch = epoch  # the runner's tier switches when the probe began
+        self.kept = 0  # steps run on the kept way since the probe was done
+        self.previous = previous  # the choice of the probe before, on the same tier
+
+    @property
+    def stale(self):
+        """Done, and ``places_rule.REPROBE_EVERY`` steps have run on the kept way."""
+        return self.done and self.kept >= places_rule.REPROBE_EVERY
 
     @property
     def mode(self):
@@ -92,12 +102,16 @@ class ThreadingProbes:
         epoch = _epoch(runner)
         if probe is None or probe.epoch != epoch:
             probe = self._probes[id(runner)] = ThreadingProbe(epoch)
+        elif probe.stale:
+            probe = self._probes[id(runner)] = ThreadingProbe(epoch, probe.choice)
         if probe.done:
+            probe.kept += 1
             return None
         probe.before(runner)
         return probe
 
     def choice(self, runner):
-        """The ``PlacesChoice`` made for ``runner``, or None (not probed, or not yet)."""
+        """The ``PlacesChoice`` made for ``runner``, or None (not probed, or not yet on
+        this tier); while a stale probe runs again, the one it made before."""
         probe = self._probes.get(id(runner))
-        return probe.choice if probe is not None else None
+        return None if probe is None else probe.choice or probe.previous

@@ -24,7 +24,11 @@ choice changes speed only (``tests/runtime/test_places_rule.py``).
 The rule (``choose``). Measured, never guessed: a runner's first steps run both ways in
 turn (``PROBE``: one untimed step, then turns and threads alternating, two of each), and
 the way with the faster best step is kept, by ``ThreadingProbe``
-(``execution.threading_probe``), again after a tier switch under ``compiler="auto"``; a tie keeps turns (fewer threads, no hand-off).
+(``execution.threading_probe``), again after a tier switch under ``compiler="auto"`` and
+every ``REPROBE_EVERY`` steps on the kept way (threads win only while a core is free: on the
+shared 2-core machine the compiled transformer's 2 places ran threads at 0.65 ms a step
+against turns' 0.67 with a core free, and 0.78-0.91 ms against 0.68 with one busy); a tie
+keeps turns (fewer threads, no hand-off).
 Two samples each, best of two, so that one slow step (a compile under
 ``compiler="inductor"``, a burst of load on a shared machine) does not decide. The
 simulator (``sim.predict``) applies the same ``choose`` to its replayed steps of both
@@ -67,13 +71,17 @@ executors (threads: each rank's steps are not probed). ``describe`` is the one l
 
 import dataclasses
 
-__all__ = ["MODES", "PROBE", "LOCK_BOUND_CORES", "PlacesChoice", "chooses", "choose",
-           "intra_op_threads", "describe"]
+__all__ = ["MODES", "PROBE", "REPROBE_EVERY", "LOCK_BOUND_CORES", "PlacesChoice", "chooses",
+           "choose", "intra_op_threads", "describe"]
 
 MODES = ("threads", "turns")
 # the way each of a runner's first steps runs; the first is not timed (it builds and warms
 # up: workers start, the first kernels load)
 PROBE = ("threads", "turns", "threads", "turns", "threads")
+# steps on the kept way before the probe runs again: which way wins can turn with the
+# machine's load (threads need a free core), and a probe costs at most 4 steps of the
+# slower way (under 0.1% of the steps between probes, at 15% apart)
+REPROBE_EVERY = 1000
 # fewer cores than this busy on threads: the pool's threads mostly waited for the lock
 LOCK_BOUND_CORES = 1.5
 
@@ -162,5 +170,6 @@ def describe(places, processes=1, num_threads=None, torch_threads=None, cores=No
         return (f"{n} CPU places in each of {processes} processes: threads ({each} intra-op "
                 f"thread(s) each; a multi-process run is not probed)")
     return (f"{n} CPU places: threads or turns in one thread ({each} intra-op thread(s) "
-            f"each), the faster on the first steps; launch-bound steps gain from neither "
+            f"each), the faster on the first steps and every {REPROBE_EVERY} after; "
+            f"launch-bound steps gain from neither "
             f"(one lock), one process per place does")

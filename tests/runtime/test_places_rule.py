@@ -274,3 +274,24 @@ def test_the_simulator_prices_a_bucket_in_one_process_as_its_coalesced_sums():
                                     cache={}, inline=True).step_s
         assert len(graph.collectives) == (1 if fuse else 4)  # 4 gradients, one bucket
     assert steps[True] <= steps[False] * (1 + 1e-9)
+
+
+def test_the_probe_runs_again_after_reprobe_every_steps_on_the_kept_way():
+    probes = ThreadingProbes(se.cpu_places(2))
+    runner = _Runner()
+    n = len(places_rule.PROBE)
+    # turns win; then REPROBE_EVERY steps run turns, the choice kept
+    ways = _probe_steps(probes, runner, [1.0, 1.0, 2.0, 1.0, 2.0] +
+                        [1.0] * places_rule.REPROBE_EVERY)
+    assert ways[n:] == ["turns"] * places_rule.REPROBE_EVERY
+    first = probes.choice(runner)
+    assert first.mode == "turns"
+    # the load changed: the next probe finds threads faster, and says the old choice
+    # until it is done
+    probe = probes.before(runner, None)
+    assert probe is not None and probe.k == 0 and not runner.inline
+    assert probes.choice(runner) is first
+    probe.record(runner, 1.0, 1.0)
+    ways = _probe_steps(probes, runner, [3.0, 1.0, 3.0, 1.0, 1.0])
+    assert ways == list(places_rule.PROBE[1:]) + ["threads"]
+    assert probes.choice(runner).mode == "threads" and probes.choice(runner) is not first
