@@ -230,7 +230,8 @@ def time_table(runs):
         comp = "-" if c is None else (f"{c:.1f}" + ("" if r.get("compile_blocks", True)
                                                     else " (background)"))
         if tiers is not None and tiers.get("switch_step") is None:
-            comp = "not done (bg)"  # still compiling when the timed windows began
+            # still compiling when the timed windows began, or deferred (every core busy)
+            comp = "deferred (busy)" if tiers.get("deferred") else "not done (bg)"
         lines.append(f"{r['mode']:<22} {r['places']:>6} {r['images_per_sec_median']:>11.1f} "
                      f"{comp:>17} " + " ".join(f"{_seconds(r['time_to'].get(str(n))):>9}"
                                                for n in TIME_TO))
@@ -347,7 +348,11 @@ def report(result, json_path, plot_path):
                       f"while {tiers.get('switch_step')} steps ran on the straight-line path "
                       "(images/sec: after the switch)")
         tiers = r.get("tiers") if r["error"] is None else None
-        if tiers is not None and tiers.get("switch_step") is None:
+        if tiers is not None and tiers.get("switch_step") is None and tiers.get("deferred"):
+            print(f"{r['mode']}@{r['places']}: its background compile waited for a free core "
+                  "(its steps kept every core busy: runtime.tiered.compile_beside): "
+                  "images/sec and the estimates are the straight-line steps'")
+        elif tiers is not None and tiers.get("switch_step") is None:
             print(f"{r['mode']}@{r['places']}: its background compile had not finished after "
                   f"{r.get('steps_run', 0)} steps ({r.get('steps_run_s') or 0:.0f} s; "
                   "--settle-s waits longer): images/sec and the estimates are the "

@@ -38,6 +38,7 @@ import resource
 import sys
 import time
 
+from ..runtime.tiered import DEFER_SAY
 from .time_to_steps import SETTLE_S, tier_report
 
 from .workloads import (
@@ -200,8 +201,9 @@ class ParallelTrainer(Trainer):
         start = time.perf_counter()
         settle_s = self.settings.get("settle_s", SETTLE_S)
         tiers = tier_report(self.pe)
+        # (not for a compile deferred, the cores busy: it may never start)
         while tiers is not None and tiers.get("switch_step") is None and \
-                time.perf_counter() - start < settle_s:
+                tiers["deferred"] < DEFER_SAY and time.perf_counter() - start < settle_s:
             self.counted_step()
             tiers = tier_report(self.pe)
         self.tiers = tiers

@@ -38,7 +38,9 @@ SETTLE_S = 300.0
 def tier_report(pe, step_seconds=None):
     """What the tiered runners of ``pe`` did, or None where none is tiered.
 
-    Keys: ``phases`` (background seconds by phase: trace, worker, load), and once a runner
+    Keys: ``phases`` (background seconds by phase: trace, worker, load), ``deferred`` (the
+    steps a cold compile waited for a free core: ``runtime.tiered.compile_beside``), and
+    once a runner
     switched ``switch_step`` (the steps run before it), ``compile_s`` (the background
     compile's seconds), ``before_ms`` / ``after_ms`` (median step time before and after:
     from ``step_seconds``, every step's seconds, when given, else the runner's own count).
@@ -49,7 +51,9 @@ def tier_report(pe, step_seconds=None):
     if not lowerings:
         return None
     out = {"phases": {k: sum(low.times[k] for low in lowerings)
-                      for k in ("trace", "worker", "load")}}
+                      for k in ("trace", "worker", "load")},
+           # straight-line steps a cold compile waited for a free core (tiered.compile_beside)
+           "deferred": max(low.deferred for low in lowerings)}
     switched = [low for low in lowerings if low.switches]
     if switched:
         low = switched[0]

@@ -11,9 +11,11 @@ memory plan and commit phase apart), with two tiers of every segment:
   ``compiler="inductor"`` compiles it (record, trace, compile per input signature).
 
 Per segment: its first step records its loads and stores (``_CompiledSegment._record``);
-its next step copies its inputs (tracing runs the kernels: on copies, as the blocking
-compile does) and hands the trace and the compile to one background thread of the process
-(``_Worker``), then runs its straight-line code; later steps run straight-line code too.
+its next step with a core free (``compile_beside``: step 3 at the earliest, step 2 being
+the first measured; step 2 for a warm load) copies its inputs (tracing runs the kernels: on
+copies, as the blocking compile does) and hands the trace and the compile to one
+background thread of the process (``_Worker``), then runs its straight-line code; later
+steps run straight-line code too.
 
 Switch. At the start of a step (``begin_step``), once every segment of the runner is
 settled (a graph compiled for the input signature it saw last, or refused: a segment that
@@ -51,6 +53,17 @@ torch's tracers keep process-wide state, so the background thread's trace and lo
 compile): a model imported while a compile runs in the background waits for its trace or
 load to end, rather than corrupt it. Closing the executor (``ParallelExecutor.close``)
 skips its compiles still queued, and stops one in flight at its next phase.
+
+Only beside a free core (``compile_beside``). A cold compile starts once the straight
+steps leave at least ``FREE_CORE`` of a core free: this process's CPU seconds over wall
+seconds, the median of its last straight steps (``TieredRunner.run`` measures each; the
+first, which records, is left out), against the cores it may run on. Steps that keep
+every core busy (kernel-bound: the quick ResNet-18 on two torch threads) ran 1.7-1.9x
+slower beside a compile, which there gains little (Inductor's graphs ran 1.08x slower than
+the straight-line code). Until a core is free the runner stays on its straight-line code,
+said on one line after ``DEFER_SAY`` steps; a warm load starts at once. The measure is this
+process's own: other processes' load on the cores delays the switch (the worker runs at
+the lowest priority), not the steps.
 
 Cache across runs. Inductor keeps each compiled graph in its on-disk FX graph cache
 (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``, kept across runs
@@ -120,8 +133,9 @@ from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _Compile
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
-__all__ = ["AGREE_EVERY", "REPORT_AFTER", "SWITCH_S", "TieredLowering", "TieredRunner",
-           "WARM_WAIT_S", "agrees", "say_straight", "straight_reason"]
+__all__ = ["AGREE_EVERY", "DEFER_SAY", "FREE_CORE", "REPORT_AFTER", "SWITCH_S",
+           "TieredLowering", "TieredRunner", "WARM_WAIT_S", "agrees", "compile_beside", "cores",
+           "say_straight", "straight_reason"]
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
 # steps between two agreements of the ranks of a multi-process run: each costs a gloo
@@ -133,6 +147,29 @@ FIRST_AGREEMENT = 2  # the step (counted from 0) of the first agreement, waited 
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
 _SAID = set()  # straight_reason lines said in this process (once each)
+# a cold compile starts only while the steps leave this much of a core free: a compile
+# beside steps that keep every core busy slowed them 1.7-1.9x (the quick ResNet-18, two
+# torch threads on 2 cores: its kernels wait for each other at every barrier), and such
+# kernel-bound steps gain little from Inductor (there its graphs ran 1.08x slower)
+FREE_CORE = 0.5
+DEFER_SAY = 50  # straight-line steps deferred before the line that says so
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def compile_beside(busy, n_cores):
+    """Whether a cold background compile may start beside steps that kept ``busy`` cores
+    busy (this process's CPU seconds over wall seconds, a median over the last straight
+    steps; None: not measured yet), on ``n_cores`` cores: a core left free, at least
+    ``FREE_CORE`` of it. The rule measures this process only (the compile worker runs at
+    the lowest priority, so another process's load delays the switch, not the steps)."""
+    return busy is not None and n_cores - busy >= FREE_CORE
 
 
 def straight_reason(places, build_strategy, exec_strategy):
@@ -234,7 +271,7 @@ class TieredLowering(InductorLowering):
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
                  "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
-                 "begun", "closed")
+                 "begun", "closed", "busy", "deferred")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None):
@@ -257,6 +294,8 @@ class TieredLowering(InductorLowering):
         self.agreement = None  # an _Agreement in a multi-process run (TieredRunner)
         self.begun = 0  # steps begun
         self.closed = False  # the executor closed: its queued compiles are skipped
+        self.busy = collections.deque(maxlen=5)  # cores busy in the last straight steps
+        self.deferred = 0  # steps a cold compile waited for a free core (compile_beside)
 
     def close(self):
         """Skip this lowering's background compiles from now on: those queued, and the
@@ -311,13 +350,19 @@ class TieredLowering(InductorLowering):
         if self.tier == "straight" and any(s.agreed for s in self.segs):
             self._switch()
 
-    def end_step(self, seconds):
-        """Count the step that just ran in ``seconds``, and say the switch's line once
-        ``REPORT_AFTER`` compiled steps have run after it."""
+    def end_step(self, seconds, cpu_seconds=None):
+        """Count the step that just ran in ``seconds`` (``cpu_seconds`` of this process's
+        CPU time), and say the switch's line once ``REPORT_AFTER`` compiled steps have run
+        after it."""
         tier = "straight" if self.missed else self.step_tier
         self.ran[tier] += 1
         if tier == "straight":
             self.before.append(seconds)
+            # the first step (recording: single-threaded Python, one-off work) says
+            # little of the steps' load: a kernel-bound step on two cores kept 1.3 busy
+            # while it recorded, and 1.5-2 after
+            if cpu_seconds is not None and seconds > 0 and self.begun > 1:
+                self.busy.append(cpu_seconds / seconds)
             return
         if self.said:
             return
@@ -361,6 +406,21 @@ class TieredLowering(InductorLowering):
                     self.cond.wait(left)
             waiting = [s for s in self.segs if not s.settled()]
         return not waiting and any(s.current in s.graphs for s in self.segs)
+
+    def may_compile(self):
+        """Whether a cold compile may start now (``compile_beside`` on the last straight
+        steps); counts the steps it may not, and says so once after ``DEFER_SAY``."""
+        busy = statistics.median(self.busy) if self.busy else None
+        if compile_beside(busy, cores()):
+            return True
+        if busy is not None:
+            self.deferred += 1
+            if self.deferred == DEFER_SAY:
+                self.say(f"ssaexec: compiler='auto' keeps the straight-line path for now: the "
+                         f"steps keep {busy:.1f} of {cores()} cores busy, and a compile beside "
+                         "them would slow them (it starts once a core is free; "
+                         "compiler='inductor' compiles before the steps instead)")
+        return False
 
     def wait(self, timeout=None):
         """Wait until no background compile of this lowering is pending (True), or
@@ -431,18 +491,21 @@ class _TieredSegment(_CompiledSegment):
                     f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
                     "uncompiled: pad the inputs to fewer shapes")
             return
+        marker = _marker(self, key)
+        low = self.lowering
+        warm = marker is not None and os.path.exists(marker)
+        if not warm and not low.may_compile():
+            return  # a later step submits it, once a core is free (a load goes at once)
         try:
             copies = [_layout_copy(n, t) for n, t in
                       zip(self.loads + ["seed"] * len(self.draws), inputs)]
         except _Refused as e:
             self.refuse(str(e))
             return
-        marker = _marker(self, key)
-        low = self.lowering
         with low.cond:
             low.pending += 1
             self.pending_key = key
-            self.warm = warm = marker is not None and os.path.exists(marker)
+            self.warm = warm
         _WORKER.submit(_Job(self, key, copies, marker, warm))
 
 
@@ -548,8 +611,11 @@ def _marker(seg, key):
     try:
         lowered = seg.seg.lowered
         source = re.sub(r"segment_\d+", "segment", lowered.source)
+        # the generated code's constants; not ``_step`` (the step counter, a list the
+        # runner advances: a marker keyed by it would differ between the step that left
+        # it and the step a second run looks for it)
         consts = sorted((k, _describe(v)) for k, v in seg.ns.items()
-                        if k.startswith("_") and not k.startswith("__"))
+                        if k.startswith("_") and not k.startswith("__") and k != "_step")
         text = repr((source, consts, key, len(seg.draws), torch.__version__,
                      os.environ.get("SSAEXEC_INDUCTOR_CPP_WRAPPER", "1")))
     except Exception:  # noqa: BLE001 - no marker: the compile is simply not expected warm
@@ -648,9 +714,9 @@ class TieredRunner(Runner):
             self.lowering.agreement = _Agreement(collective)
 
     def run(self, sync=None):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fetched = super().run(sync)
-        self.lowering.end_step(time.perf_counter() - t0)
+        self.lowering.end_step(time.perf_counter() - t0, time.process_time() - c0)
         return fetched
 
     def close(self):
