@@ -252,8 +252,9 @@ def eager_step(module, feeds, lr):
 
 
 def ssaexec_steps(main, startup, fetch, loss_name, feeds, place):
-    """``se.Executor`` and ``se.ParallelExecutor`` (1 place; default strategy and
-    ``num_threads=1``) running ``main`` and fetching ``fetch``, each in its own scope.
+    """``se.Executor`` and ``se.ParallelExecutor`` (1 place, ``compiler=None``; default
+    threads and ``num_threads=1``) running ``main`` and fetching ``fetch``, each in its own
+    scope.
 
     Returns
     -------
@@ -266,9 +267,13 @@ def ssaexec_steps(main, startup, fetch, loss_name, feeds, place):
         exe.run(startup, scope=scope)
     steps["ssaexec Executor"] = lambda: exe.run(main, feed=feeds, fetch_list=[fetch],
                                                 scope=scope)[0]
-    for label, strategy in (("ssaexec ParallelExecutor", None),
+    # the straight-line path (compiler=None) whose host cost per op this script measures:
+    # the default, compiler="auto", runs the same code until its background compile ends,
+    # beside a burst of the trace's Python in its first steps (bench/time_to_steps.py
+    # measures the tiers)
+    for label, strategy in (("ssaexec ParallelExecutor", se.ExecutionStrategy(compiler="none")),
                             ("ssaexec ParallelExecutor num_threads=1",
-                             se.ExecutionStrategy(num_threads=1))):
+                             se.ExecutionStrategy(num_threads=1, compiler="none"))):
         pe = se.ParallelExecutor([place], main, startup, loss_name, exec_strategy=strategy,
                                  scope=se.Scope())
         closers.append(pe.close)
