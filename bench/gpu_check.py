@@ -128,7 +128,8 @@ def profile_step(device, warmup, json_path, trace_path):
     if device == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with se.ParallelExecutor(places, main, startup, loss,
-                             exec_strategy=se.ExecutionStrategy(compiled=True),
+                             exec_strategy=se.ExecutionStrategy(compiled=True,
+                                                                compiler="none"),
                              scope=se.Scope()) as pe:
         for _ in range(warmup):
             pe.run([loss], feed=feed)

@@ -103,7 +103,8 @@ def models(quick):
 def _executors(main, startup, loss, feeds, tag):
     """(steps by label, closers): ParallelExecutor and Executor on ``main``, one CPU place."""
     place = se.CPUPlace()
-    pe = se.ParallelExecutor([place], main, startup, loss, scope=se.Scope())
+    pe = se.ParallelExecutor([place], main, startup, loss, scope=se.Scope(),
+                             exec_strategy=se.ExecutionStrategy(compiler="none"))
     exe, scope = se.Executor(place), se.Scope()
     exe.run(startup, scope=scope)
     steps = {f"ParallelExecutor {tag}": lambda: pe.run([loss], feed=feeds)[0],

@@ -98,7 +98,8 @@ def measure_places(main, startup, loss, places, batch, warmup, steps, torch_thre
     places = se.cpu_places(places) if isinstance(places, int) else places
     pe = se.ParallelExecutor(places=places, main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
-                             exec_strategy=se.ExecutionStrategy(torch_threads=torch_threads),
+                             exec_strategy=se.ExecutionStrategy(torch_threads=torch_threads,
+                                                               compiler="none"),
                              distributed=False)
     try:
         times, busy = _steps(pe, loss, synthetic_feed(main, batch * len(places)), warmup,
@@ -122,7 +123,8 @@ def worker(args):
     main, startup, loss = _load(args.program)
     pe = se.ParallelExecutor(places=[se.CPUPlace(0)], main_program=main,
                              startup_program=startup, loss_name=loss, scope=se.Scope(),
-                             exec_strategy=se.ExecutionStrategy(torch_threads=args.torch_threads))
+                             exec_strategy=se.ExecutionStrategy(torch_threads=args.torch_threads,
+                                                               compiler="none"))
     try:
         times, busy = _steps(pe, loss, synthetic_feed(main, args.batch, seed=rank),
                              args.warmup, args.steps)

@@ -287,7 +287,8 @@ class Profile:
             raise SSAExecError("Profile.measure: the program has no loss var to fetch")
         startup = default_startup(program, startup)[0]
         threads = threads or torch.get_num_threads()
-        strategy = ExecutionStrategy(num_threads=1, torch_threads=threads)
+        # the straight-line path the simulator models (not the default's tiers)
+        strategy = ExecutionStrategy(num_threads=1, torch_threads=threads, compiler="none")
         feed = synthetic_feed(program, batch, seed)
         pe = ParallelExecutor(places=[place], main_program=program, startup_program=startup,
                               loss_name=loss, exec_strategy=strategy, scope=Scope(),
@@ -574,7 +575,7 @@ def _side_by_side(program, startup, loss, feed, threads, copies, steps=4, rounds
     from ..core.place import CPUPlace
     from ..runtime.scope import Scope
     from ..core.strategy import ExecutionStrategy
-    strategy = ExecutionStrategy(num_threads=1, torch_threads=threads)
+    strategy = ExecutionStrategy(num_threads=1, torch_threads=threads, compiler="none")
     pes = [ParallelExecutor(places=[CPUPlace(0)], main_program=program,
                             startup_program=startup, loss_name=loss, exec_strategy=strategy,
                             scope=Scope(), distributed=False) for _ in range(copies)]
