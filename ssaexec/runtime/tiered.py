@@ -439,7 +439,8 @@ class _TieredSegment(_CompiledSegment):
     """One segment's two tiers: its straight-line code until the runner switches, then its
     compiled graphs; its compiles submitted to the background worker."""
 
-    __slots__ = ("current", "pending_key", "warm", "skipped", "agreed", "__weakref__")
+    __slots__ = ("current", "pending_key", "warm", "skipped", "agreed", "markers",
+                 "__weakref__")
 
     def __init__(self, lowering, seg, fallback):
         super().__init__(lowering, seg, fallback)
@@ -448,6 +449,9 @@ class _TieredSegment(_CompiledSegment):
         self.warm = False  # that compile is expected to load from Inductor's cache
         self.skipped = set()  # signatures beyond MAX_SIGNATURES: straight-line code
         self.agreed = {}  # several processes: the graphs every rank agreed to run
+        # signature -> its warm-cache marker: hashed once, not at every step a deferred
+        # compile asks again (compile_beside)
+        self.markers = {}
 
     def settled(self):
         return self.refused is not None or (self.current is not None and (
@@ -497,7 +501,9 @@ class _TieredSegment(_CompiledSegment):
                     f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
                     "uncompiled: pad the inputs to fewer shapes")
             return
-        marker = _marker(self, key)
+        marker = self.markers.get(key, False)
+        if marker is False:
+            marker = self.markers[key] = _marker(self, key)
         low = self.lowering
         warm = marker is not None and os.path.exists(marker)
         if not warm and not low.may_compile():
