@@ -266,7 +266,7 @@ class _CompiledSegment:
     """The body of one segment: record, then compile per input signature, then run."""
 
     __slots__ = ("lowering", "seg", "fallback", "scopes", "loads", "stores", "graphs",
-                 "refused", "draws", "seeds", "ns", "full")
+                 "refused", "draws", "seeds", "ns", "full", "releases")
 
     def __init__(self, lowering, seg, fallback):
         self.lowering, self.seg, self.fallback = lowering, seg, fallback
@@ -277,12 +277,20 @@ class _CompiledSegment:
         self.ns = seg.lowered.fn.__globals__  # the generated code's names (_op_seed, _seeded)
         self.graphs = {}  # input signature -> compiled function
         self.full = False  # MAX_SIGNATURES graphs compiled, and said so
+        self.releases = False  # its last graph has the C++ wrapper (runs without the lock)
         self.refused = _refusal(seg)
         if self.refused is not None:
             lowering.fall_back(seg, self.refused)
         elif _left_to_foreach(seg) is not None:
             self.refused = "foreach"  # by policy, not a failure: nothing is said
             lowering.foreach += 1
+
+    @property
+    def lock_free(self):
+        """Whether this step's call is expected to release the interpreter lock for most
+        of its time (its graph has the C++ wrapper): turns may run it beside another node
+        (``Scheduler.run``). A hint for speed only: a wrong one runs the same ops."""
+        return self.releases and self.refused is None
 
     def run(self):
         if self.refused is not None:
@@ -469,6 +477,7 @@ class _CompiledSegment:
                               f"({len(seg.handles)} ops) with Inductor ...")
         t0 = time.perf_counter()
         fn, cpp = compile_graph(gm, copies)
+        self.releases = cpp
         self.lowering.cpp_wrapped += cpp
         self.lowering.compiles += 1
         if chatty:

@@ -5,10 +5,13 @@ The two ways. Several CPU places of one process share its cores and its interpre
 * **threads**: the scheduler's pool runs the places' nodes side by side (one thread per
   place and the caller's, ``runtime.scheduler.default_threads``), so the places' kernels
   overlap. It pays when kernels are long enough to release the lock for most of a step.
-* **turns**: the caller's thread alone runs every place's nodes, one after another (the
+* **turns**: the caller's thread runs every place's nodes, one after another (the
   scheduler's stack order, ``Scheduler.run(inline=True)``). With launch-bound steps (tiny
   kernels, the host's Python the bottleneck) the pool's threads only pass the lock back
-  and forth: turns never pay that hand-off.
+  and forth: turns pay no hand-off but one. A node whose compiled graph releases the lock
+  for most of its call (Inductor's C++ wrapper: ``_CompiledSegment.lock_free``) goes to a
+  pool thread when another node is ready for the caller meanwhile, at most one per free
+  core: two places' graphs overlap, and nothing else leaves the caller's thread.
 
 torch's intra-op threads are the same both ways (``intra_op_threads``: ``cores //
 (CPU places x processes)``, at least 1). Giving turns a lone place's count (every core)
@@ -36,15 +39,22 @@ ways, and replays kernels on ``intra_op_threads``.
 
 What neither way can do. One process has one interpreter lock: a launch-bound step of P
 places costs P places' host work whichever way they run, so several places in one process
-deliver at most one place's images/sec there. Turns deliver less, strictly: a step is P
+deliver about one place's images/sec there. Plain turns deliver less, strictly: a step is P
 one-place steps back to back plus what one place never does (the in-process sum of the
 gradients, the feed split and the fetch merge: about 5% of the transformer preset's
-compiled step at 2 places, 0.94x). Only overlap passes 1.0x: threads, where kernels or
-compiled graphs release the lock and a core is free, or processes. The probe also takes the process's CPU
+compiled step at 2 places, 0.94x). Only overlap passes 1.0x: threads, where kernels
+release the lock and a core is free, and turns' compiled graphs beside the caller (the
+transformer preset under Inductor: 0.59-0.63 ms a step at 2 places against 0.65-0.68 on
+threads and 0.66-0.69 on plain turns, one place 0.31-0.32 ms; 1.01-1.06x one place's
+images/sec on the shared 2-core machine, where two graphs at once each run about 25%
+slower than one alone). Processes do not: the transformer preset's 2 gloo processes
+(``ssaexec bench --modes ssaexec-inductor-nproc``) delivered 0.47x one place in one
+process, their all-reduce costing more than the step. The probe also takes the process's CPU
 time of the threads steps: when the pool lost and kept fewer than ``LOCK_BOUND_CORES``
-cores busy, the lock is the limit (``host_bound``), and only processes overlap the host
-work: one process per place, the torchrun path (``se.distributed``, ``ssaexec bench
---modes ssaexec-nproc``). When it kept more busy, the cores are the limit (a loaded
+cores busy, the lock is the limit (``host_bound``): one process per place, the torchrun
+path (``se.distributed``, ``ssaexec bench --modes ssaexec-nproc``), overlaps the host work,
+and pays where the step is long against its all-reduce between processes. When it kept
+more busy, the cores are the limit (a loaded
 machine, or kernels that fill them). The reason line says which.
 
 What the ways cost beyond the places' own work (issue 50, measured on the transformer
@@ -133,7 +143,8 @@ def choose(threads_s, turns_s, threads_cpu_s=None, cores=None):
     else:
         ms += f"; on threads the process kept {busy:.1f} cores busy"
         why = ("the interpreter lock is the limit: one process per place (torchrun) would "
-               "overlap the host work" if busy < LOCK_BOUND_CORES and (cores or 2) >= 2
+               "overlap the host work, where a step is long against its all-reduce"
+               if busy < LOCK_BOUND_CORES and (cores or 2) >= 2
                else "the cores are the limit, not the lock")
     bound = busy is not None and busy < LOCK_BOUND_CORES and (cores or 2) >= 2
     return PlacesChoice("turns", f"turns in one thread: the pool gained nothing ({ms}); {why}",
@@ -171,5 +182,6 @@ def describe(places, processes=1, num_threads=None, torch_threads=None, cores=No
                 f"thread(s) each; a multi-process run is not probed)")
     return (f"{n} CPU places: threads or turns in one thread ({each} intra-op thread(s) "
             f"each), the faster on the first steps and every {REPROBE_EVERY} after; "
-            f"launch-bound steps gain from neither "
-            f"(one lock), one process per place does")
+            f"launch-bound steps gain little either way (one lock; turns run compiled "
+            f"graphs that release it beside each other), one process per place overlaps "
+            f"the host work")

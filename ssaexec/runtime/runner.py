@@ -119,6 +119,14 @@ class Runner:
         self.scopes[:] = scopes
 
     # --- running ------------------------------------------------------------------------
+    def _lock_free(self):
+        """Turns of several places: which nodes' bodies release the interpreter lock this
+        step (compiled graphs with the C++ wrapper; ``Scheduler.run``), else None."""
+        if not self.inline or len(self.scopes) < 2 or not self.lowering.compiled:
+            return None
+        return [getattr(getattr(b, "__self__", None), "lock_free", False)
+                for b in self.bodies]
+
     def run(self, sync=None):
         """Run the step once; return {fetch name: [value per place]}.
 
@@ -139,7 +147,7 @@ class Runner:
         try:
             ran = False
             try:
-                self.scheduler.run(self.plan, self.fns, self.inline)
+                self.scheduler.run(self.plan, self.fns, self.inline, self._lock_free())
                 ran = True
             finally:
                 if self.streams is not None:

@@ -31,6 +31,15 @@ error still stops the run at once, in either phase.
 ``num_threads=1`` runs everything in the calling thread: a synchronous mode
 for debugging. Otherwise the caller is one of the ``num_threads`` workers and
 ``num_threads - 1`` daemon threads serve the queue until ``close()``.
+
+Turns (``run(inline=True)``, the places rule's way for launch-bound places) run the ops
+in the calling thread in stack order, with one exception: an op flagged ``lock_free``
+(a compiled graph whose C++ code releases the interpreter lock for most of its call) is
+handed to a pool thread when another op is ready for the caller to run meanwhile, and at
+most ``cores - 1`` such ops run beside the caller. Everything else, the counts included,
+stays in the calling thread: a turn has no lock to take, and no hand-off but the
+lock-free op's own (``_run_sync``). The ops run are the same and see the same values;
+only which thread runs a lock-free op changes.
 """
 
 import queue
@@ -135,6 +144,7 @@ class _Run:
 
 
 _STOP = object()
+_OFFLOAD = object()  # a queue item (_OFFLOAD, (fn, i, done)): run fn, report to done
 
 
 class Scheduler:
@@ -149,6 +159,8 @@ class Scheduler:
         self._workers = []
         self._closed = False
         self._busy = threading.Lock()
+        self._beside = None  # lock-free ops that turns run beside the caller at most
+        self.handed = 0  # lock-free ops turns have run beside the caller, all runs together
         self.commit_began = False  # the last run started its commit phase
 
     # --- pool -------------------------------------------------------------------------
@@ -172,6 +184,14 @@ class Scheduler:
             if item is _STOP:
                 return
             run, i = item
+            if run is _OFFLOAD:
+                fn, j, done = i
+                try:
+                    fn()
+                    done.put((j, None))
+                except BaseException as e:  # noqa: B036 - the caller re-raises it
+                    done.put((j, e))
+                continue
             self._execute(run, i)
 
     def close(self, timeout=10.0, wait=True):
@@ -196,10 +216,12 @@ class Scheduler:
         return self._closed
 
     # --- running ----------------------------------------------------------------------
-    def run(self, plan, fns, inline=False):
+    def run(self, plan, fns, inline=False, lock_free=None):
         """Run every op of ``plan`` (``fns[i]()`` runs op ``i``); re-raise the first error.
 
-        ``inline`` runs this plan in the calling thread only, as ``num_threads=1`` does.
+        ``inline`` runs this plan in the calling thread only, as ``num_threads=1`` does,
+        but for the ops ``lock_free[i]`` flags (turns: the module docstring), which a
+        pool of more than one thread may run beside it.
         A Ctrl-C raises ``KeyboardInterrupt`` once the ops running have finished (after
         the whole commit phase, if it had begun).
         """
@@ -217,7 +239,8 @@ class Scheduler:
                 roots = plan.roots
                 run.inflight = len(roots)
                 if self.num_threads == 1 or inline:
-                    self._run_sync(run)
+                    self._run_sync(run, lock_free if self.num_threads > 1 and lock_free
+                                   is not None and any(lock_free) else None)
                 else:
                     self._run_pool(run)
                 if run.error is not None:
@@ -270,28 +293,65 @@ class Scheduler:
             run.committing = True
         return True
 
-    def _run_sync(self, run):
+    def _run_sync(self, run, lock_free=None):
+        """Run the plan in this thread, in stack order. With ``lock_free`` (turns), a
+        flagged op goes to a pool thread when another op is ready for this thread
+        meanwhile. The counts and the stack are this thread's alone; a finished lock-free
+        op comes back through ``done``, and no op is still running when this returns (the
+        first error is kept, the ops running are waited for)."""
+        slots = 0  # lock-free ops that may run beside this thread
+        if lock_free is not None:
+            self._ensure_workers()
+            slots = self._beside
+            if slots is None:  # a free core each (one at least), and no more than the pool
+                from ..core.place import available_cores
+                slots = self._beside = max(1, min(self.num_threads - 1,
+                                                  available_cores() - 1))
         stack = list(reversed(run.plan.roots))
         succ, counts, fns, commit = run.plan.succ, run.counts, run.fns, run.plan.commit
-        hold = run.hold
-        while stack:
-            i = stack.pop()
-            if (hold is not None and hold.pending) or \
-                    (commit is not None and not run.committing and commit[i]):
-                if not self._admit(run, i):
-                    return
-            try:
-                fns[i]()
-            except BaseException as e:  # noqa: B036 - Ctrl-C too must stop the run cleanly
-                run.error = e
-                return
-            ready = []
-            for j in succ[i]:
-                c = counts[j] - 1
-                counts[j] = c
-                if c == 0:
-                    ready.append(j)
-            stack.extend(reversed(ready))
+        hold, done = run.hold, None
+        out = 0  # lock-free ops running on the pool
+        try:
+            while (stack and run.error is None) or out:
+                if not stack or run.error is not None:
+                    i, e = done.get()
+                    out -= 1
+                    if e is not None:
+                        if run.error is None:
+                            run.error = e
+                        continue
+                    if run.error is not None:
+                        continue
+                else:
+                    i = stack.pop()
+                    if (hold is not None and hold.pending) or \
+                            (commit is not None and not run.committing and commit[i]):
+                        if not self._admit(run, i):
+                            stack.clear()
+                            continue
+                    if out < slots and lock_free[i] and stack:
+                        if done is None:
+                            done = queue.SimpleQueue()
+                        out += 1
+                        self.handed += 1
+                        self._queue.put((_OFFLOAD, (fns[i], i, done)))
+                        continue
+                    try:
+                        fns[i]()
+                    except BaseException as e:  # noqa: B036 - Ctrl-C too must stop the run
+                        run.error = e
+                        continue
+                ready = []
+                for j in succ[i]:
+                    c = counts[j] - 1
+                    counts[j] = c
+                    if c == 0:
+                        ready.append(j)
+                stack.extend(reversed(ready))
+        finally:
+            while out:  # a KeyboardInterrupt in the wait above: the ops still finish
+                done.get()
+                out -= 1
 
     def _execute(self, run, i):
         plan, fns, counts = run.plan, run.fns, run.counts

@@ -453,6 +453,12 @@ class _TieredSegment(_CompiledSegment):
         # compile asks again (compile_beside)
         self.markers = {}
 
+    @property
+    def lock_free(self):
+        low = self.lowering
+        return self.releases and low.tier == "compiled" and not low.missed and \
+            (self.refused is None or bool(self.agreed))
+
     def settled(self):
         return self.refused is not None or (self.current is not None and (
             self.current in self.graphs or self.current in self.skipped))

@@ -29,6 +29,9 @@ def _mlp(opt, dropout=0.0, dtype="float64", depth=2):
     return main, startup, loss
 
 
+HANDED = [0]  # lock-free ops the last _train's runner ran beside the caller (turns)
+
+
 def _train(opt, places, compiler, lrs=(None, None, None), dropout=0.0, dtype="float64",
            build=None, depth=2, overflow_at=None, **execution):
     main, startup, loss = _mlp(opt, dropout, dtype, depth)
@@ -60,6 +63,7 @@ def _train(opt, places, compiler, lrs=(None, None, None), dropout=0.0, dtype="fl
         runner = pe._runner((loss.name,))
     finally:
         pe.close()
+    HANDED[0] = runner.scheduler.handed  # (for the test that asks)
     return losses, params, runner.lowering
 
 
@@ -92,6 +96,17 @@ def test_inductor_steps_equal_the_compiled_path_in_float64(opt, places, lrs):
     assert counters["inductor"]["fxgraph_cache_hit"] - hits == lowering.compiles
     assert counters["inductor"]["fxgraph_cache_bypass"] == bypass
     assert all(torch.equal(a, b) for a, b in zip(again, losses, strict=True))
+    # step 4 is the probe's second turns (places_rule.PROBE), the first with the graphs
+    # compiled (at step 2): one place's graph, whose C++ wrapper releases the interpreter
+    # lock, runs beside the caller running the other's; the same bits as one thread
+    longer = lrs + (None, None)
+    turns, turns_params, _ = _train(opt(), places, "inductor", longer)
+    assert HANDED[0] >= 1
+    one, one_params, _ = _train(opt(), places, "inductor", longer, num_threads=1)
+    assert HANDED[0] == 0
+    assert all(torch.equal(a, b) for a, b in zip(one, turns, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(one_params.values(), turns_params.values(),
+                                                  strict=True))
 
 
 def test_dropout_draws_the_compiled_paths_masks_from_its_step_seeds():

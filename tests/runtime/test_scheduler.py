@@ -158,3 +158,68 @@ def test_a_held_ctrl_c_stops_before_the_commit_phase_never_inside_it(threads, pr
     finally:
         signal.signal(signal.SIGINT, prev)
         sched.close()
+
+
+def test_turns_run_a_lock_free_op_beside_the_caller_and_the_rest_in_it():
+    # a diamond per place: roots 0 and 1 (lock free), then 2 needs both, 3 after 2
+    plan = DependencyPlan(4, [[], [], [0, 1], [2]])
+    caller = threading.get_ident()
+    where = {}
+
+    def make(i):
+        return lambda: where.setdefault(i, threading.get_ident())
+
+    sched = Scheduler(3)
+    try:
+        for lock_free in ([True, True, False, False], [False, False, False, False]):
+            where.clear()
+            sched.run(plan, [make(i) for i in range(4)], inline=True, lock_free=lock_free)
+            assert sorted(where) == [0, 1, 2, 3]
+            beside = [i for i, t in where.items() if t != caller]
+            # one lock-free op goes to the pool while the caller runs the other; without
+            # a flag, or as the last op ready, everything stays in the caller's thread
+            assert beside == ([0] if lock_free[0] else [])
+    finally:
+        sched.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_error_in_turns_is_raised_after_the_op_beside_ends():
+    plan = DependencyPlan(4, [[], [], [0, 1], [2]])
+    ended, ran = threading.Event(), []
+
+    def boom():
+        raise ValueError("beside")
+
+    def slow():
+        time.sleep(0.05)  # (likely) still running beside when the caller's op fails
+        ended.set()
+
+    sched = Scheduler(3)
+    try:
+        with pytest.raises(ValueError, match="beside"):
+            sched.run(plan, [slow, boom, lambda: ran.append(2), lambda: ran.append(3)],
+                      inline=True, lock_free=[True, False, False, False])
+        assert ended.is_set() and ran == []  # waited for; the successors never ran
+        sched.run(plan, [lambda: ran.append(i) for i in range(4)], inline=True,
+                  lock_free=[True, True, False, False])
+        assert len(ran) == 4  # the next run works
+    finally:
+        sched.close()
+
+
+def test_an_error_of_the_op_beside_is_raised_by_the_run():
+    plan = DependencyPlan(3, [[], [], [0, 1]])
+    ran = []
+
+    def boom():
+        raise ValueError("beside")
+
+    sched = Scheduler(2)
+    try:
+        with pytest.raises(ValueError, match="beside"):
+            sched.run(plan, [boom, lambda: ran.append(1), lambda: ran.append(2)],
+                      inline=True, lock_free=[True, False, False])
+        assert ran == [1]  # the caller's op ran; their successor never did
+    finally:
+        sched.close()
