@@ -14,11 +14,12 @@ Two parts, each paired (the ways alternate window by window, in one run):
    place and of two places built side by side in this process, their timed windows
    alternating round by round: ``1 place``, ``2 places`` as the executor runs them
    (``runtime.places_rule``: threads or turns, picked on its first steps; the pick and its
-   reason are printed), and two places forced onto the pool's ``threads``
-   (``ExecutionStrategy(num_threads=3)``) and onto ``turns`` in one thread
-   (``num_threads=1``). Every trainer gets the torch threads the harness gives it
-   (``ssaexec bench``: the preset's, else every core; the executor divides them among its
-   places). Images/sec: median over rounds; ratios against ``1 place``.
+   reason are printed), and two places kept on the pool's ``threads`` and on ``turns``
+   (the rule's choice set after the warm-up, ``_keep``: the pool stays, so turns run the
+   compiled graphs that release the interpreter lock beside the caller, as the rule's
+   turns do; ``ExecutionStrategy(num_threads=1)`` would run everything in one thread).
+   Every trainer gets the torch threads the harness gives it (``ssaexec bench``: the
+   preset's, else every core; the executor divides them among its places). Images/sec: median over rounds; ratios against ``1 place``.
 2. **Against processes** (``harness``): ``ssaexec bench`` for the same preset with modes
    ``ssaexec``, ``torch-ddp`` and ``ssaexec-nproc`` (one process per place, torchrun) on
    1 and 2 places, interleaved by the harness: 2 places in one process against 1 place,
@@ -85,6 +86,18 @@ def _trainer(s, places, num_threads, compiler):
     return Trainer({"mode": "ssaexec", "places": places, "device": "cpu", "settings": s})
 
 
+def _keep(trainer, way):
+    """From now on ``trainer``'s runner runs its places ``way`` ("threads" or "turns"), as
+    if the rule (``runtime.places_rule``) had picked it, and is not probed again."""
+    from ssaexec.runtime.places_rule import PlacesChoice
+    pe = trainer.pe
+    runner = pe._runner((trainer.loss,))
+    probe = pe._probes._probes[id(runner)]
+    probe.done, probe.choice = True, PlacesChoice(way, "kept by bench/places_scaling.py")
+    probe.kept = -10 ** 9  # never stale: no probe again
+    runner.inline = way == "turns"
+
+
 def ways(model, compiler, rounds):
     """Part 1: the ways of two places against one place, paired in this process."""
     import torch
@@ -93,8 +106,8 @@ def ways(model, compiler, rounds):
     from ssaexec.runtime import places_rule
     s = _settings(model)
     threads = s.get("torch_threads") or available_cores()
-    spec = {"1 place": (1, None), "2 places": (2, None), "2 threads": (2, 3),
-            "2 turns": (2, 1)}
+    spec = {"1 place": (1, None), "2 places": (2, None), "2 threads": (2, None),
+            "2 turns": (2, None)}
     trainers = {}
     for way, (places, nt) in spec.items():
         torch.set_num_threads(threads)  # as the harness's worker does
@@ -109,6 +122,8 @@ def ways(model, compiler, rounds):
                 t.step()
             for _ in range(len(places_rule.PROBE)):
                 t.step()
+        if way in ("2 threads", "2 turns"):
+            _keep(t, way.split()[1])
     ips = {w: [] for w in WAYS}
     for r in range(rounds):
         order = WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]

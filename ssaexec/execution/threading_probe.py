@@ -10,12 +10,13 @@ only changes speed. CUDA places and a single place are never probed.
 
 A runner whose lowering switches tier (``compiler="auto"``: ``runtime.tiered``, its
 ``switches``) is probed again after each switch: the compiled tier's steps may favour
-the other way. A runner is also probed again after ``places_rule.REPROBE_EVERY`` steps on
-the way it kept: the winner can turn with the machine's load. While it is, ``choice``
+the other way. A runner is also probed again ``places_rule.REPROBE_FIRST`` steps after its
+first probe on a tier (whose steps were warm-up), then every ``REPROBE_EVERY`` steps on the
+way it kept: the winner can turn with the machine's load. While it is, ``choice``
 still says the way kept before.
 
 Invariant: one live ``ThreadingProbe`` per runner, made on its first step, after a tier
-switch or after ``REPROBE_EVERY`` steps on the kept way, and done after
+switch or after ``REPROBE_FIRST`` / ``REPROBE_EVERY`` steps on the kept way, and done after
 ``len(places_rule.PROBE)`` steps; a done probe sets only the runner's way.
 """
 
@@ -47,8 +48,10 @@ class ThreadingProbe:
 
     @property
     def stale(self):
-        """Done, and ``places_rule.REPROBE_EVERY`` steps have run on the kept way."""
-        return self.done and self.kept >= places_rule.REPROBE_EVERY
+        """Done, and ``places_rule.REPROBE_EVERY`` steps have run on the kept way
+        (``REPROBE_FIRST`` after the first probe of a runner or tier: warm-up steps)."""
+        return self.done and self.kept >= (places_rule.REPROBE_FIRST if self.previous is None
+                                           else places_rule.REPROBE_EVERY)
 
     @property
     def mode(self):

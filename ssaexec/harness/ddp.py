@@ -48,10 +48,12 @@ class DDPRank(EagerTrainer):
         torch.set_num_threads(min(max(1, cores // n), s["torch_threads"] or cores))
         if self.cuda:
             torch.cuda.set_device(rank)
-        # a bounded timeout: a rank that dies must not leave the others waiting 30 minutes
-        dist.init_process_group("nccl" if self.cuda else "gloo", rank=rank, world_size=n,
-                                init_method=f"tcp://127.0.0.1:{port}",
-                                timeout=datetime.timedelta(seconds=120))
+        # a bounded timeout: a rank that dies must not leave the others waiting 30 minutes;
+        # port None: the group is joined already (torchrun's: bench/time_to_steps.py)
+        if port is not None:
+            dist.init_process_group("nccl" if self.cuda else "gloo", rank=rank, world_size=n,
+                                    init_method=f"tcp://127.0.0.1:{port}",
+                                    timeout=datetime.timedelta(seconds=120))
         self.baseline = rss_mb()
         self.compiled = cfg["mode"] == "torch-compile-ddp"
         super().__init__(cfg, rank)

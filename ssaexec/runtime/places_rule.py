@@ -25,14 +25,15 @@ Both ways run the same ops on the same values, so they give bit-identical result
 choice changes speed only (``tests/runtime/test_places_rule.py``).
 
 The rule (``choose``). Measured, never guessed: a runner's first steps run both ways in
-turn (``PROBE``: one untimed step, then turns and threads alternating, two of each), and
+turn (``PROBE``: one untimed step, then turns and threads alternating, three of each), and
 the way with the faster best step is kept, by ``ThreadingProbe``
-(``execution.threading_probe``), again after a tier switch under ``compiler="auto"`` and
-every ``REPROBE_EVERY`` steps on the kept way (threads win only while a core is free: on the
+(``execution.threading_probe``), again after a tier switch under ``compiler="auto"``,
+``REPROBE_FIRST`` steps after the first probe (whose steps warm up) and every
+``REPROBE_EVERY`` steps on the kept way (threads win only while a core is free: on the
 shared 2-core machine the compiled transformer's 2 places ran threads at 0.65 ms a step
 against turns' 0.67 with a core free, and 0.78-0.91 ms against 0.68 with one busy); a tie
 keeps turns (fewer threads, no hand-off).
-Two samples each, best of two, so that one slow step (a compile under
+Three samples each, the best of each, so that one slow step (a compile under
 ``compiler="inductor"``, a burst of load on a shared machine) does not decide. The
 simulator (``sim.predict``) applies the same ``choose`` to its replayed steps of both
 ways, and replays kernels on ``intra_op_threads``.
@@ -81,17 +82,24 @@ executors (threads: each rank's steps are not probed). ``describe`` is the one l
 
 import dataclasses
 
-__all__ = ["MODES", "PROBE", "REPROBE_EVERY", "LOCK_BOUND_CORES", "PlacesChoice", "chooses",
-           "choose", "intra_op_threads", "describe"]
+__all__ = ["MODES", "PROBE", "REPROBE_EVERY", "REPROBE_FIRST", "LOCK_BOUND_CORES",
+           "PlacesChoice", "chooses", "choose", "intra_op_threads", "describe"]
 
 MODES = ("threads", "turns")
 # the way each of a runner's first steps runs; the first is not timed (it builds and warms
-# up: workers start, the first kernels load)
-PROBE = ("threads", "turns", "threads", "turns", "threads")
+# up: workers start, the first kernels load). Three samples a way: with two, the compiled
+# transformer preset's probe right after a tier switch kept threads (0.601 against 0.636
+# ms) where its steady steps ran turns faster (0.59-0.62 against 0.64-0.65 ms)
+PROBE = ("threads",) + ("turns", "threads") * 3
 # steps on the kept way before the probe runs again: which way wins can turn with the
 # machine's load (threads need a free core), and a probe costs at most 4 steps of the
 # slower way (under 0.1% of the steps between probes, at 15% apart)
 REPROBE_EVERY = 1000
+# ...but the first probe of a runner (or of a tier) runs again after this many: its steps
+# are warm-up (the first calls of a compiled graph on a pool thread; under
+# compiler="inductor" the compile itself): the compiled transformer preset's first probe
+# kept threads (0.619 against 0.671 ms) where its steady steps ran turns 6% faster
+REPROBE_FIRST = 50
 # fewer cores than this busy on threads: the pool's threads mostly waited for the lock
 LOCK_BOUND_CORES = 1.5
 
@@ -147,8 +155,8 @@ def choose(threads_s, turns_s, threads_cpu_s=None, cores=None):
                if busy < LOCK_BOUND_CORES and (cores or 2) >= 2
                else "the cores are the limit, not the lock")
     bound = busy is not None and busy < LOCK_BOUND_CORES and (cores or 2) >= 2
-    return PlacesChoice("turns", f"turns in one thread: the pool gained nothing ({ms}); {why}",
-                        times, host_bound=bound)
+    return PlacesChoice("turns", f"turns in the caller's thread: the pool gained nothing "
+                                 f"({ms}); {why}", times, host_bound=bound)
 
 
 def intra_op_threads(cpu_places, cores, processes=1, torch_threads=None):

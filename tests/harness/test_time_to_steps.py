@@ -23,6 +23,7 @@ def _module():
     (["--steps", "1,ten"], "--steps must be a comma list of integers"),
     (["--steps", "0,10"], "--steps must name step counts of at least 1"),
     (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--nproc", "0"], "--nproc must be at least 1"),
     (["--model", "gpt-5"], "invalid choice: 'gpt-5'"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(argv, says, capsys):

@@ -92,13 +92,20 @@ def _probe_steps(probes, runner, times):
     return ways
 
 
-def test_the_probe_runs_both_ways_twice_and_one_slow_step_does_not_decide():
+def _times(threads, turns):
+    """A probe's step seconds: the untimed first, then each way's as its steps come."""
+    return [1.0] + [threads if m == "threads" else turns for m in places_rule.PROBE[1:]]
+
+
+def test_the_probe_runs_both_ways_and_one_slow_step_does_not_decide():
     probes = ThreadingProbes(se.cpu_places(2))
     runner = _Runner()
-    # step 2 (the first turns) is a compile: 100x; the second turns step decides
-    ways = _probe_steps(probes, runner, [9.0, 100.0, 2.0, 1.0, 2.0, 7.0, 7.0])
-    assert ways[:5] == list(places_rule.PROBE)
-    assert ways[5:] == ["turns", "turns"]
+    # step 2 (the first turns) is a compile: 100x; the other turns steps decide
+    n = len(places_rule.PROBE)
+    times = [9.0, 100.0] + [2.0, 1.0] * ((n - 2) // 2) + [3.0] * (n % 2) + [7.0, 7.0]
+    ways = _probe_steps(probes, runner, times)
+    assert ways[:n] == list(places_rule.PROBE)
+    assert ways[n:] == ["turns", "turns"]
     choice = probes.choice(runner)
     assert choice.mode == "turns" and choice.times == {"threads": 2.0, "turns": 1.0}
     assert choice.host_bound == (available_cores() >= 2)  # one core busy on threads
@@ -107,10 +114,10 @@ def test_the_probe_runs_both_ways_twice_and_one_slow_step_does_not_decide():
 def test_a_tier_switch_probes_again():
     probes = ThreadingProbes(se.cpu_places(2))
     runner = _Runner()
-    _probe_steps(probes, runner, [1.0, 1.0, 2.0, 1.0, 2.0])
+    _probe_steps(probes, runner, _times(threads=2.0, turns=1.0))
     assert probes.choice(runner).mode == "turns"
     runner.lowering.switches = [(5, 1.0)]  # compiler="auto" switched to compiled graphs
-    ways = _probe_steps(probes, runner, [1.0, 3.0, 1.0, 3.0, 1.0, 1.0])
+    ways = _probe_steps(probes, runner, _times(threads=1.0, turns=3.0) + [1.0])
     assert ways == list(places_rule.PROBE) + ["threads"]
     assert probes.choice(runner).mode == "threads"
 
@@ -280,9 +287,14 @@ def test_the_probe_runs_again_after_reprobe_every_steps_on_the_kept_way():
     probes = ThreadingProbes(se.cpu_places(2))
     runner = _Runner()
     n = len(places_rule.PROBE)
-    # turns win; then REPROBE_EVERY steps run turns, the choice kept
-    ways = _probe_steps(probes, runner, [1.0, 1.0, 2.0, 1.0, 2.0] +
+    # turns win; then REPROBE_FIRST steps run turns (the first probe's steps warmed up),
+    # a second probe finds turns again, and REPROBE_EVERY steps run turns
+    ways = _probe_steps(probes, runner, _times(threads=2.0, turns=1.0) +
+                        [1.0] * places_rule.REPROBE_FIRST)
+    assert ways[n:] == ["turns"] * places_rule.REPROBE_FIRST
+    ways = _probe_steps(probes, runner, _times(threads=2.0, turns=1.0) +
                         [1.0] * places_rule.REPROBE_EVERY)
+    assert ways[:n] == list(places_rule.PROBE)
     assert ways[n:] == ["turns"] * places_rule.REPROBE_EVERY
     first = probes.choice(runner)
     assert first.mode == "turns"
@@ -292,6 +304,6 @@ def test_the_probe_runs_again_after_reprobe_every_steps_on_the_kept_way():
     assert probe is not None and probe.k == 0 and not runner.inline
     assert probes.choice(runner) is first
     probe.record(runner, 1.0, 1.0)
-    ways = _probe_steps(probes, runner, [3.0, 1.0, 3.0, 1.0, 1.0])
+    ways = _probe_steps(probes, runner, _times(threads=1.0, turns=3.0)[1:] + [1.0])
     assert ways == list(places_rule.PROBE[1:]) + ["threads"]
     assert probes.choice(runner).mode == "threads" and probes.choice(runner) is not first
