@@ -23,6 +23,7 @@ the caller's strategy objects are never written; CUDA places get one
 ``DeviceContext`` each, made once and shared by every runner of the executor.
 """
 
+from ..dist import world as _world
 from ..graph.build import build_ssa_graph
 from ..runtime.compiled import CompiledRunner
 from ..runtime.graph_runner import GraphRunner
@@ -94,9 +95,12 @@ class RunnerCache:
         if compiler == "inductor":
             return Runner(graph, local_scopes, collective, self._scheduler, InductorLowering(),
                           self.contexts(), sync, run_places)
-        if compiler == "auto" and agrees(collective, graph) is not False:
+        agree = agrees(collective, graph)
+        if compiler == "auto" and agree is not False:
+            # the run's processes on this machine share its cores (compile_beside)
+            local = _world.local_world_size() if agree else 1
             return TieredRunner(graph, local_scopes, collective, self._scheduler,
-                                self.contexts(), sync, run_places)
+                                self.contexts(), sync, run_places, local_processes=local)
         kind = CompiledRunner if compiled else GraphRunner
         return kind(graph, local_scopes, collective, self._scheduler, self.contexts(), sync,
                     run_places=run_places)

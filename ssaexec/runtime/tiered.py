@@ -57,7 +57,13 @@ skips its compiles still queued, and stops one in flight at its next phase.
 Only beside a free core (``compile_beside``). A cold compile starts once the straight
 steps leave at least ``FREE_CORE`` of a core free: this process's CPU seconds over wall
 seconds, the most over its last 5 straight steps (``TieredRunner.run`` measures each; the
-first, which records, is left out), against the cores it may run on. Steps that keep
+first, which records, is left out; a rank of several processes on the machine counts the
+mean of those 5, and a whole core at least, since its waits for its peers are not free
+time), against its share of the cores it may run on (the cores over the run's processes on
+this machine, ``share``): two gloo ranks of the transformer preset on 2 cores, each
+compiling beside its steps at the lowest priority, made them 1.6x slower for the 30 s the
+compiles took (their all-reduces wake them every step, and a core the compile holds is not
+free at once), so there they keep their straight-line code. Steps that keep
 every core busy (kernel-bound: the quick ResNet-18 on two torch threads) ran 1.7-1.9x
 slower beside a compile, which there gains little (Inductor's graphs ran 1.08x slower than
 the straight-line code). Until a core is free the runner stays on its straight-line code,
@@ -133,9 +139,9 @@ from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _Compile
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
-__all__ = ["AGREE_EVERY", "DEFER_SAY", "FREE_CORE", "REPORT_AFTER", "SWITCH_S",
-           "TieredLowering", "TieredRunner", "WARM_WAIT_S", "agrees", "compile_beside", "cores",
-           "say_straight", "straight_reason"]
+__all__ = ["AGREE_EVERY", "COMPILE_BESIDE", "DEFER_SAY", "FREE_CORE", "REPORT_AFTER",
+           "SWITCH_S", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "agrees",
+           "compile_beside", "cores", "say_straight", "straight_reason"]
 
 REPORT_AFTER = 3  # compiled steps timed before the switch's line is said
 # steps between two agreements of the ranks of a multi-process run: each costs a gloo
@@ -153,6 +159,10 @@ _SAID = set()  # straight_reason lines said in this process (once each)
 # kernel-bound steps gain little from Inductor (there its graphs ran 1.08x slower)
 FREE_CORE = 0.5
 DEFER_SAY = 50  # straight-line steps deferred before the line that says so
+# SSAEXEC_COMPILE_BESIDE=always starts a cold compile at once (the third step), whatever
+# the steps' load: for a machine whose spare cores this process cannot see, and for tests
+# that count steps; anything else (the default, "auto") applies compile_beside
+COMPILE_BESIDE = os.environ.get("SSAEXEC_COMPILE_BESIDE", "auto")
 
 
 def cores():
@@ -166,9 +176,10 @@ def cores():
 def compile_beside(busy, n_cores):
     """Whether a cold background compile may start beside steps that kept ``busy`` cores
     busy (this process's CPU seconds over wall seconds, the most over the last straight
-    steps; None: not measured yet), on ``n_cores`` cores: a core left free, at least
-    ``FREE_CORE`` of it. The rule measures this process only (the compile worker runs at
-    the lowest priority, so another process's load delays the switch, not the steps)."""
+    steps; None: not measured yet), on ``n_cores`` cores, this process's share of the
+    machine's (``TieredLowering.share``: the cores over the run's processes on it): a core
+    left free, at least ``FREE_CORE`` of it. Another program's load is not measured (the
+    compile worker runs at the lowest priority, so that load delays the switch)."""
     return busy is not None and n_cores - busy >= FREE_CORE
 
 
@@ -271,11 +282,14 @@ class TieredLowering(InductorLowering):
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
                  "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
-                 "begun", "closed", "busy", "deferred")
+                 "begun", "closed", "busy", "deferred", "share", "local")
     chatty = False  # no line per compile: one at the switch
 
-    def __init__(self, notes=None):
+    def __init__(self, notes=None, local_processes=1):
         super().__init__(notes=notes)
+        # this process's share of the machine's cores: the run's processes here share them
+        self.local = max(1, int(local_processes))
+        self.share = cores() / self.local
         self.tier = "straight"
         self.segs = []
         self.ran = {"straight": 0, "compiled": 0}
@@ -414,16 +428,30 @@ class TieredLowering(InductorLowering):
         # probe alternates threads (every core busy) and turns (one), and a compile beside
         # the threads steps slowed 2 places of the quick ResNet-18 to 0.73x of one
         # (and with several places, both ways measured: steps 2 and 3)
+        if COMPILE_BESIDE == "always":
+            return True
         calls = getattr(self.base, "calls", None)  # (None before the runner prepared it)
-        need = 2 if calls is not None and len(calls.scopes) > 1 else 1
-        busy = max(self.busy) if len(self.busy) >= need else None
-        if compile_beside(busy, cores()):
+        # several processes: a rank counts a whole core at least, over a full window: its
+        # waits for its peers are not free time (a peer runs then). Measured alone, two
+        # ranks of the transformer preset on 2 cores kept 0.3-1.0 of a core busy a step,
+        # and one whose steps waited more started a compile, which slowed its peer, whose
+        # steps then waited more too: both compiled beside their steps within 250 steps.
+        # Several places: both of the probe's ways (steps 2 and 3), the most of them
+        if self.local > 1:
+            full = len(self.busy) == self.busy.maxlen
+            busy = max(1.0, statistics.fmean(self.busy)) if full else None
+        else:
+            need = 2 if calls is not None and len(calls.scopes) > 1 else 1
+            busy = max(self.busy) if len(self.busy) >= need else None
+        if compile_beside(busy, self.share):
             return True
         if busy is not None:
             self.deferred += 1
             if self.deferred == DEFER_SAY:
+                of = f"{cores()} cores" if self.share == cores() else \
+                    f"this process's share of the cores ({self.share:.2g} of {cores()})"
                 self.say(f"ssaexec: compiler='auto' keeps the straight-line path for now: the "
-                         f"steps keep {busy:.1f} of {cores()} cores busy, and a compile beside "
+                         f"steps keep {busy:.1f} of {of} busy, and a compile beside "
                          "them would slow them (it starts once a core is free; "
                          "compiler='inductor' compiles before the steps instead)")
         return False
@@ -725,9 +753,9 @@ class TieredRunner(Runner):
     must hold a cross-process collective (``agrees``)."""
 
     def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
-                 run_places=None, notes=None):
-        super().__init__(graph, scopes, collective, scheduler, TieredLowering(notes),
-                         contexts, sync, run_places)
+                 run_places=None, notes=None, local_processes=1):
+        super().__init__(graph, scopes, collective, scheduler,
+                         TieredLowering(notes, local_processes), contexts, sync, run_places)
         if agrees(collective, graph) is not None:
             self.lowering.agreement = _Agreement(collective)
 
