@@ -123,13 +123,10 @@ def run_fresh(model, mode, steps, nproc=1):
     if pe is not None and pe.exec_strategy.compiler == "auto":
         result.update(tier_report(pe, times) or {})
     if nproc > 1:
+        # no teardown: the caller ends the process (a DDP rank's gloo group, freed with its
+        # Reducer, deadlocked here: its worker thread waits for the interpreter lock that
+        # the freeing thread holds, torch 2.13)
         result["processes"] = nproc
-        if hasattr(t, "leave"):
-            t.leave()  # a DDP rank: leaves the group
-        else:
-            t.close()
-            from ssaexec.dist import world
-            world.shutdown()
         return result
     t.close()
     return result
@@ -142,6 +139,10 @@ def worker(model, mode, steps, nproc=1):
     result = run_fresh(model, mode, steps, nproc)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
+    if nproc > 1:  # every rank has run its last all-reduce; see run_fresh
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def measure(model, mode, steps, warm=False, nproc=1):

@@ -45,18 +45,18 @@ one-place steps back to back plus what one place never does (the in-process sum 
 gradients, the feed split and the fetch merge: about 5% of the transformer preset's
 compiled step at 2 places, 0.94x). Only overlap passes 1.0x: threads, where kernels
 release the lock and a core is free, and turns' compiled graphs beside the caller (the
-transformer preset under Inductor: 0.59-0.63 ms a step at 2 places against 0.65-0.68 on
-threads and 0.66-0.69 on plain turns, one place 0.31-0.32 ms; 1.01-1.06x one place's
-images/sec on the shared 2-core machine, where two graphs at once each run about 25%
-slower than one alone). Processes do not: the transformer preset's 2 gloo processes
-(``ssaexec bench --modes ssaexec-inductor-nproc``) delivered 0.47x one place in one
-process, their all-reduce costing more than the step. The probe also takes the process's CPU
-time of the threads steps: when the pool lost and kept fewer than ``LOCK_BOUND_CORES``
-cores busy, the lock is the limit (``host_bound``): one process per place, the torchrun
-path (``se.distributed``, ``ssaexec bench --modes ssaexec-nproc``), overlaps the host work,
-and pays where the step is long against its all-reduce between processes. When it kept
-more busy, the cores are the limit (a loaded
-machine, or kernels that fill them). The reason line says which.
+transformer preset under Inductor, ``bench/places_turns.py``: 0.60-0.64 ms a step at 2
+places against 0.66-0.67 on threads and 0.66-0.68 in one thread, one place 0.31-0.32 ms:
+0.99-1.04x one place's images/sec on the shared 2-core machine; the two graphs alone
+overlap 1.66x, the rest of a step is Python under the one lock). Processes do not
+there: the transformer preset's 2 gloo processes (``ssaexec bench --modes
+ssaexec-inductor-nproc``) delivered 0.47x one place in one process, their all-reduce
+costing more than the step. The probe also takes the process's CPU time of the threads
+steps: when the pool lost and kept fewer than ``LOCK_BOUND_CORES`` cores busy, the lock is
+the limit (``host_bound``): one process per place, the torchrun path (``se.distributed``,
+``ssaexec bench --modes ssaexec-nproc``), overlaps the host work, and pays where the step
+is long against its all-reduce between processes. When it kept more busy, the cores are
+the limit (a loaded machine, or kernels that fill them). The reason line says which.
 
 What the ways cost beyond the places' own work (issue 50, measured on the transformer
 preset, 2 CPU places against 1, turns; ``bench/places_scaling.py``). The in-process
