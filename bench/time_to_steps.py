@@ -17,7 +17,8 @@ Modes: ``ssaexec`` (``ExecutionStrategy``'s default, ``compiler="auto"``: tiered
 ``runtime.tiered``; the step it switched at is reported), ``ssaexec-none``
 (``compiler=None``: the straight-line path), ``ssaexec-inductor`` (``compiler="inductor"``:
 its first two steps record and compile, blocking), ``torch-compile`` (its first step
-compiles) and ``torch-eager``. The models are ``ssaexec bench``'s presets (``ssaexec.harness.workloads``), one CPU place.
+compiles) and ``torch-eager``. The models are ``ssaexec bench``'s presets
+(``ssaexec.harness.workloads``), one CPU place.
 
 ``--nproc P``: each measurement is ``P`` gloo processes started together by torchrun, one
 CPU place each (the cores divided among them), with the same fresh empty cache: the
