@@ -157,10 +157,13 @@ class ParallelExecutor:
         self._collective, self.collective_backend = executor_collective(self.places,
                                                                         dist_collective)
         self.distributed = dist_collective is not None
+        # this run's processes on this machine: they share its cores (torch's threads, a
+        # tiered runner's background compile)
+        local = _distributed.local_world_size() if self.distributed else 1
         self._group = GroupSteps()  # a failed multi-process step aborts the group
         self._programs = StepPrograms()
         self._runners = RunnerCache(self.places, self.build_strategy, self.exec_strategy,
-                                    self._scheduler)
+                                    self._scheduler, local)
         self._cuda_graphs = cuda_graphs.StepGraphCache()
         self._step_graphs = self._cuda_graphs.graphs  # id(runner) -> StepGraphs
         # makes each StepGraphs' capture mechanism (None: CUDA graphs); tests set a CPU one
@@ -172,8 +175,7 @@ class ParallelExecutor:
         self._entry = EntryCheck()  # what steps read from the places' scopes (boundary)
         self._observing = False  # observe(): steps run the readable path (see observe)
         self._threads = TorchThreads()
-        self._threads.apply(self.places, self.exec_strategy.torch_threads,
-                            _distributed.local_world_size() if self.distributed else 1)
+        self._threads.apply(self.places, self.exec_strategy.torch_threads, local)
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler, self._runners)
         try:
             if share_vars_from is not None:

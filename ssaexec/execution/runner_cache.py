@@ -23,7 +23,6 @@ the caller's strategy objects are never written; CUDA places get one
 ``DeviceContext`` each, made once and shared by every runner of the executor.
 """
 
-from ..dist import world as _world
 from ..graph.build import build_ssa_graph
 from ..runtime.compiled import CompiledRunner
 from ..runtime.graph_runner import GraphRunner
@@ -44,10 +43,14 @@ class RunnerCache:
     build_strategy, exec_strategy : BuildStrategy, ExecutionStrategy
         The executor's strategies (read at each call, never written).
     scheduler : runtime.scheduler.Scheduler
+    local_processes : int, optional
+        The run's processes on this machine (they share its cores: a tiered runner's
+        background compile counts this process's share, ``runtime.tiered``).
     """
 
-    def __init__(self, places, build_strategy, exec_strategy, scheduler):
+    def __init__(self, places, build_strategy, exec_strategy, scheduler, local_processes=1):
         self.places = places
+        self.local_processes = local_processes
         self.build_strategy = build_strategy
         self.exec_strategy = exec_strategy
         self._scheduler = scheduler
@@ -98,7 +101,7 @@ class RunnerCache:
         agree = agrees(collective, graph)
         if compiler == "auto" and agree is not False:
             # the run's processes on this machine share its cores (compile_beside)
-            local = _world.local_world_size() if agree else 1
+            local = self.local_processes if agree else 1
             return TieredRunner(graph, local_scopes, collective, self._scheduler,
                                 self.contexts(), sync, run_places, local_processes=local)
         kind = CompiledRunner if compiled else GraphRunner
