@@ -147,6 +147,10 @@ AUTO_EXCEPTIONS = {
     "tests/harness/test_time_to_n.py::test_bench_prints_time_to_n_beside_images_per_sec_and_the_headline":
         _HARNESS,
     "tests/harness/test_dispatch_bench.py::test_bench_transformer_runs": _HARNESS,
+    "tests/runtime/test_fused_updates.py::test_fp16_updates_fuse_like_bf16":
+        "counts the ATen calls of the straight-line path's third step; under "
+        "compiler='auto' that step submits the background compile (a copy of each input) "
+        "where a core is free, so its count depends on the machine's load",
     "tests/harness/test_places_scaling.py::test_the_ways_run_paired_and_the_rule_says_what_it_kept":
         "the places rule probes again after the switch: the script's short run ends "
         "mid-probe, with no choice to report",
