@@ -30,6 +30,8 @@ import contextlib
 import functools
 import importlib
 import inspect
+import os
+import platform
 import threading
 
 import torch
@@ -43,7 +45,7 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
            "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version",
-           "all_gather_single", "reduce_scatter_single", "TRACE_LOCK"]
+           "all_gather_single", "reduce_scatter_single", "TRACE_LOCK", "vec_isa_first", "preload_tracer"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
@@ -380,6 +382,51 @@ def compile_fx(gm, example_inputs, **kwargs):
         return fn(gm, example_inputs, **kwargs)
 
 
+_feature("inductor.vec_isa", "torch._inductor:cpu_vec_isa", "2.1",
+         "compiler='auto' (Inductor's CPU vector ISA, checked once)")
+_VEC_ISA_LOCK = threading.Lock()
+
+
+def vec_isa_first():
+    """Inductor's CPU vector ISA, picked by checking only the ISAs it would check first.
+
+    Inductor picks (``pick_vec_isa``) the first ISA of its list whose flags this CPU has and
+    which the C++ compiler builds (``valid_vec_isa_list``), but it builds a test program for
+    every ISA of the list before taking the first: 4-5 s of a cold compile on the CPU build
+    machine, 3 of them for ISAs it then never uses. This builds them in order and stops at
+    the first that passes: the same pick, which leaves Inductor's code, its cache keys and
+    its kernels as they were. Only where the pick is the first of the list (no
+    ``ATEN_CPU_CAPABILITY``, no ``config.cpp.simdlen``: otherwise torch's full check runs,
+    through the original function) and on x86, where torch reads the CPU's flags. Returns
+    the ISA, or None where this torch lays it out otherwise (then nothing changes)."""
+    mod = FEATURES["inductor.vec_isa"].lookup()
+    names = ("supported_vec_isa_list", "valid_vec_isa_list", "x86_isa_checker", "pick_vec_isa")
+    if mod is None or not all(hasattr(mod, n) for n in names) or \
+            platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    with _VEC_ISA_LOCK:
+        full = mod.valid_vec_isa_list
+        if not getattr(full, "ssaexec_first", False):
+            config = inductor_config()
+
+            def first_only():
+                if os.environ.get("ATEN_CPU_CAPABILITY") or config.cpp.simdlen is not None:
+                    return full()
+                if not found:
+                    flags = mod.x86_isa_checker()
+                    found.append(next((isa for isa in mod.supported_vec_isa_list
+                                       if all(f in flags for f in str(isa).split()) and isa),
+                                      None))
+                return [] if found[0] is None else found[:1]
+
+            found = []
+            first_only.ssaexec_first = True
+            first_only.full = full  # torch's own, every ISA checked
+            first_only.cache_clear = getattr(full, "cache_clear", lambda: None)
+            mod.valid_vec_isa_list = first_only
+        return mod.pick_vec_isa()
+
+
 def inductor_config():
     """``torch._inductor.config`` (its ``patch`` sets options for one compile)."""
     return FEATURES["inductor.config"].get()
@@ -391,6 +438,25 @@ def tracing_context(fake_mode):
     ctx = FEATURES["inductor.tracing_context"].get()(fake_mode)
     with FEATURES["inductor.tracing"].get()(ctx):
         yield ctx
+
+
+# what make_fx imports on its first call, whatever it traces (torch 2.11-2.14)
+_TRACER_MODULES = ("torch._dynamo", "torch._inductor.config",
+                   "torch._inductor.fx_passes.dedupe_symint_uses",
+                   "torch._inductor.compiler_bisector")
+
+
+def preload_tracer():
+    """Import what ``make_fx`` imports on its first call (torch's compiler packages: about
+    a second), outside ``TRACE_LOCK``, so that a background thread may take its time over
+    it (``runtime.pacing``) without holding up another thread's trace; then trace one op,
+    for whatever another torch imports besides."""
+    for name in _TRACER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - moved in another torch: the trace imports it
+            pass
+    make_fx(lambda x: x * 2, tracing_mode="real")(torch.ones(1))
 
 
 def make_fx(fn, **kwargs):

@@ -17,6 +17,10 @@ of the training process, and the compile runs here, in a process of its own:
 3. the training process compiles the same graph again, which loads it from that cache
    (a cache hit: no kernel is generated or compiled again).
 
+The training process starts the worker before its first trace (``start``): the worker's
+imports and its check of the CPU's vector ISA (``compat.vec_isa_first``: C++ test
+programs, seconds) run while the training process traces, not after.
+
 If anything goes wrong here (the process cannot start, dies, or the graph does not
 pickle), the caller compiles in its own thread as if this process did not exist: a slower
 background compile, never a failed step. The process reads until its stdin closes (the
@@ -87,7 +91,19 @@ class CompileWorker:
         self.lock = threading.Lock()  # one request at a time on the pipe
         self.broken = None  # why the worker is not used any more
 
-    def compile(self, gm, example_inputs):
+    def start(self):
+        """Start the worker now, if it is not running: it imports Inductor and checks the
+        CPU's vector ISA (seconds) while the training process traces its first graph."""
+        with self.lock:
+            if self.broken is None:
+                try:
+                    self._process()
+                except Exception as e:  # noqa: BLE001 - compile() says it, and falls back
+                    self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
+
+    def compile(self, gm, example_inputs, meanwhile=None):
+        """``meanwhile()``, if given, runs after the graph is sent, while the worker
+        compiles it."""
         with self.lock:
             if self.broken is not None:
                 return self.broken
@@ -97,6 +113,8 @@ class CompileWorker:
                 payload = pickle.dumps((gm, metas))
                 proc = self._process()
                 _frame(proc.stdin, payload)
+                if meanwhile is not None:
+                    meanwhile()
                 reply = _read(proc.stdout)
                 if reply is None:
                     raise OSError(f"the compile worker exited (status {proc.wait()})")
@@ -148,6 +166,9 @@ def main():
     from ..core import compat
     from .inductor import compile_graph
     compat.require("inductor.compile_fx")  # imported before the first graph arrives
+    # and the CPU vector ISA checked (seconds of C++ builds), as soon as the worker starts:
+    # the training process starts it before its trace (``CompileWorker.start``)
+    compat.vec_isa_first()
 
     # Inductor's CPU kernels (and its cache key) follow torch's thread count: the
     # training process's, passed in

@@ -105,6 +105,7 @@ from ..core.errors import OpError, SSAExecError
 from ..ops.guards import TRACED, GuardError
 from ..ops.optim import LR_AS_TENSOR
 from ..ops.registry import get_op_def
+from . import pacing
 from .compiled import SegmentLowering, summary_plan
 from .rng import op_seed, register_call, seeded_call
 
@@ -423,9 +424,10 @@ class _CompiledSegment:
         gm, copies = self._trace(inputs)
         return self._compile_traced(gm, copies)
 
-    def _trace(self, inputs):
+    def _trace(self, inputs, pace=None):
         """The segment's fx graph of ATen ops, traced on copies of ``inputs``, and the
-        copies (the example inputs it is compiled for)."""
+        copies (the example inputs it is compiled for). ``pace``: a ``pacing.Pace`` the
+        trace waits for before each call of the generated code (a background trace)."""
         make_fx = compat.make_fx
         disable_proxy_modes_tracing = compat.disable_proxy_modes_tracing
         loads, stores = self.loads, self.stores
@@ -433,6 +435,11 @@ class _CompiledSegment:
         # in them, while the step's own code may run at the same time (runtime.tiered
         # traces in a background thread)
         ns = dict(self.ns)
+        if pace is not None:  # its ops and helpers (callables; not classes) wait first
+            for name, value in list(ns.items()):
+                if name.startswith("_") and not name.startswith("__") and callable(value) \
+                        and not isinstance(value, type):
+                    ns[name] = pacing.between(value, pace)
         body = types.FunctionType(self.seg.lowered.fn.__code__, ns)
 
         n_loads = len(loads)
@@ -504,6 +511,9 @@ def compile_graph(gm, example_inputs):
                 emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper):
             return compat.compile_fx(gm, example_inputs, ignore_shape_env=True)
 
+    # Inductor's CPU vector ISA, checked up to the one it picks and no further (3 s less
+    # of a cold compile; the same pick, so the same kernels and cache keys)
+    compat.vec_isa_first()
     cpp = _cpp_wrapper_ok(gm, example_inputs)
     try:
         return compiled(cpp), cpp

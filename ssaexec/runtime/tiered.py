@@ -48,6 +48,15 @@ the background (the trace, a fraction of a second; Inductor's import and the loa
 imports nothing of Inductor's (``_cache_dir``); the background thread does, from the trace
 on (``make_fx`` imports Inductor's package: 0.8 s).
 
+Order of a cold compile, so that the worker's start is off the critical path and this
+process's background Python is spread thin. The step that submits it starts the worker
+(``CompileWorker.start``), which imports Inductor and checks the CPU's vector ISA
+(``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) while this process's
+background thread imports the tracer and traces, both paced (``runtime.pacing``: at most
+``PACE`` of the time; unpaced, the trace alone made the transformer preset's steps 3x
+slower for its 0.6 s). While the worker compiles, the thread imports what the load needs,
+paced too. A warm load is not paced: a step boundary waits for it.
+
 torch's tracers keep process-wide state, so the background thread's trace and loads hold
 ``compat.TRACE_LOCK``, as every other ssaexec trace does (``from_torch``, a blocking
 compile): a model imported while a compile runs in the background waits for its trace or
@@ -132,14 +141,16 @@ import weakref
 
 import torch
 
+from ..core import compat
 from ..core.errors import SSAExecError
 from ..ops.guards import GuardError
+from . import pacing
 from .compile_worker import CompileWorker, portable
 from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _CompiledSegment,
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
 
-__all__ = ["AGREE_EVERY", "COMPILE_BESIDE", "DEFER_SAY", "FREE_CORE", "REPORT_AFTER",
+__all__ = ["AGREE_EVERY", "COMPILE_BESIDE", "DEFER_SAY", "FREE_CORE", "PACE", "REPORT_AFTER",
            "SWITCH_S", "TieredLowering", "TieredRunner", "WARM_WAIT_S", "agrees",
            "compile_beside", "cores", "say_straight", "straight_reason"]
 
@@ -152,6 +163,11 @@ AGREE_EVERY = 16
 FIRST_AGREEMENT = 2  # the step (counted from 0) of the first agreement, waited for at once
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
+# the share of the time the background thread's imports take before a cold compile's trace
+# and while the worker compiles (runtime.pacing): about a second of imports (the tracer's,
+# Inductor's) stretched over about 4 s, as long as the worker takes to start; unpaced, the
+# transformer preset's first hundred steps ran 0.5 s slower
+PACE = 0.25
 _SAID = set()  # straight_reason lines said in this process (once each)
 # a cold compile starts only while the steps leave this much of a core free: a compile
 # beside steps that keep every core busy slowed them 1.7-1.9x (the quick ResNet-18, two
@@ -552,6 +568,10 @@ class _TieredSegment(_CompiledSegment):
             low.pending += 1
             self.pending_key = key
             self.warm = warm
+        if not warm and _WORKER_KIND == "process":
+            # the worker starts now (seconds: its imports, the CPU's vector ISA checked),
+            # while this process imports the tracer and traces
+            _PROCESS.start()
         _WORKER.submit(_Job(self, key, copies, marker, warm))
 
 
@@ -573,15 +593,20 @@ class _Job:
         t0 = time.perf_counter()
         fn = reason = None
         try:
+            if not self.warm:
+                _import_paced(compat.preload_tracer)  # while the worker starts (a warm load waits)
             with _COMPILE_LOCK, _yielding():
-                gm, copies = seg._trace(self.copies)
+                # a cold compile's trace paced too: the worker is still starting
+                gm, copies = seg._trace(self.copies,
+                                        None if self.warm else pacing.Pace(PACE))
                 gm = portable(gm)  # the graph every process compiles: one cache key
             self.copies = None  # the trace made its own: one copy of the inputs held, not two
             t1 = time.perf_counter()
             if _WORKER_KIND == "process" and not self.warm:
                 # the compile proper in the worker process; here, a load from the cache (if
                 # the worker failed, the compile itself: slower, never a failed step)
-                _PROCESS.compile(gm, copies)
+                _PROCESS.compile(gm, copies,
+                                 meanwhile=lambda: _import_paced(_import_loader))
             t2 = time.perf_counter()
             if _EXITING.is_set() or low.closed:
                 return
@@ -608,6 +633,24 @@ class _Job:
             low.cond.notify_all()
         if reason is not None and not _EXITING.is_set():  # (modules go away at exit)
             seg.refuse(reason)  # said; the step's code runs in the training thread, not here
+
+
+def _import_paced(imports):
+    """``imports()`` with this thread's imports paced (``runtime.pacing``: at most ``PACE``
+    of the time), and its errors ignored: the compile that follows meets them again, and
+    says them."""
+    try:
+        with pacing.paced(PACE), _yielding():
+            imports()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _import_loader():
+    """What the load from the cache imports, and the CPU's vector ISA (its test programs
+    are in the cache by now: the worker built them)."""
+    compat.require("inductor.compile_fx", "inductor.config")
+    compat.vec_isa_first()
 
 
 def _cache_dir():

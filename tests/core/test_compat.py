@@ -291,3 +291,20 @@ def test_traces_wait_for_trace_lock(entry):
         assert not done.wait(0.3)
     t.join(timeout=120)
     assert done.is_set()
+
+
+@pytest.mark.slow  # torch's own check builds a test program for every ISA: seconds cold
+@pytest.mark.skipif(not compat.available("inductor.vec_isa"), reason="no Inductor here")
+def test_the_first_vec_isa_is_torchs_own_pick(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    mod = compat.FEATURES["inductor.vec_isa"].get()
+    picked = compat.vec_isa_first()
+    if picked is None:  # not x86, or another layout: torch's own code, untouched
+        assert not getattr(mod.valid_vec_isa_list, "ssaexec_first", False)
+        return
+    full = mod.valid_vec_isa_list.full()  # every ISA checked, as torch does
+    assert str(picked) == str(full[0] if full else mod.invalid_vec_isa)
+    assert str(mod.pick_vec_isa()) == str(picked)
+    # a capability named in the environment: torch's full list, its own choice among them
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert mod.valid_vec_isa_list() == full
