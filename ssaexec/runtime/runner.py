@@ -45,17 +45,20 @@ class Runner:
 
     ``run_places`` is the block runner control ops get (``parallel_do``;
     ``runtime.op_call``): passed in by whoever makes the runner, which sits above it.
+    ``step``: the step counter (a one-item list) to share with another runner of the same
+    graph, whose steps this one's continue (``runtime.tiered``); a new one by default.
     """
 
     def __init__(self, graph, scopes, collective, scheduler, lowering, contexts=None,
-                 sync="event", run_places=None):
+                 sync="event", run_places=None, step=None):
         self.graph = graph
         self.scopes = list(scopes)
         self.collective = collective
         self.scheduler = scheduler
         self.run_places = run_places
         self.lowering = lowering
-        self.step = [0]  # steps run so far: random ops seed from it (runtime.rng)
+        # steps run so far: random ops seed from it (runtime.rng)
+        self.step = [0] if step is None else step
         self.inline = False  # run in the caller's thread only (see ParallelExecutor)
         self.calls = HandleCalls(graph, self.scopes, collective, self.step, run_places)
         keep = {h.var_name for h in graph.fetches} if lowering.keep_fetched else ()

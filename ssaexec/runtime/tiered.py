@@ -49,13 +49,20 @@ imports nothing of Inductor's (``_cache_dir``); the background thread does, from
 on (``make_fx`` imports Inductor's package: 0.8 s).
 
 Order of a cold compile, so that the worker's start is off the critical path and this
-process's background Python is spread thin. The step that submits it starts the worker
-(``CompileWorker.start``), which imports Inductor and checks the CPU's vector ISA
+process's background Python costs the steps little. The step that submits it starts the
+worker (``CompileWorker.start``), which imports Inductor and checks the CPU's vector ISA
 (``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) while this process's
-background thread imports the tracer and traces, both paced (``runtime.pacing``: at most
-``PACE`` of the time; unpaced, the trace alone made the transformer preset's steps 3x
-slower for its 0.6 s). While the worker compiles, the thread imports what the load needs,
-paced too. A warm load is not paced: a step boundary waits for it.
+background thread imports the tracer (``compat.preload_tracer``) and traces, the trace
+paced (``runtime.pacing``: at most ``PACE`` of the time, so it never stalls the steps for
+long) and on one fake mode (``_trace``: half its time went to a fake mode per value). While
+the worker compiles, the thread imports what the load needs. What this process spends in
+all on the transformer preset, under the interpreter lock: the trace 0.3 s, those imports
+0.5 s, the load 0.3 s. A warm load is not paced: a step boundary waits for it.
+
+Before the switch, a step with nothing to record or submit runs the compiled path's runner
+of the same graph (``TieredRunner.plain``: ``compiler=None``'s code, bit for bit), not the
+segments' straight-line tier, whose per-segment work (inputs gathered, their signature, the
+commit phase apart) cost the transformer preset 7-10% a step.
 
 torch's tracers keep process-wide state, so the background thread's trace and loads hold
 ``compat.TRACE_LOCK``, as every other ssaexec trace does (``from_torch``, a blocking
@@ -146,6 +153,7 @@ from ..core.errors import SSAExecError
 from ..ops.guards import GuardError
 from . import pacing
 from .compile_worker import CompileWorker, portable
+from .compiled import SegmentLowering
 from .inductor import (_COMPILE_LOCK, MAX_SIGNATURES, InductorLowering, _CompiledSegment,
                        _first_line, _layout_copy, _Refused, _signature, missing_cpp)
 from .runner import Runner
@@ -163,10 +171,9 @@ AGREE_EVERY = 16
 FIRST_AGREEMENT = 2  # the step (counted from 0) of the first agreement, waited for at once
 WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in the cache
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
-# the share of the time the background thread's imports take before a cold compile's trace
-# and while the worker compiles (runtime.pacing): about a second of imports (the tracer's,
-# Inductor's) stretched over about 4 s, as long as the worker takes to start; unpaced, the
-# transformer preset's first hundred steps ran 0.5 s slower
+# the share of the time a cold compile's trace takes in the background thread
+# (runtime.pacing): the transformer preset's 0.3 s trace stretched over about 1.2 s, while
+# the worker starts (4-5 s); unpaced, it made the first few hundred steps 3x slower
 PACE = 0.25
 _SAID = set()  # straight_reason lines said in this process (once each)
 # a cold compile starts only while the steps leave this much of a core free: a compile
@@ -298,7 +305,8 @@ class TieredLowering(InductorLowering):
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
                  "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
-                 "begun", "closed", "busy", "deferred", "share", "local")
+                 "begun", "closed", "busy", "deferred", "share", "local", "in_step",
+                 "plain")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None, local_processes=1):
@@ -326,6 +334,8 @@ class TieredLowering(InductorLowering):
         self.closed = False  # the executor closed: its queued compiles are skipped
         self.busy = collections.deque(maxlen=5)  # cores busy in the last straight steps
         self.deferred = 0  # steps a cold compile waited for a free core (compile_beside)
+        self.in_step = False  # begin_step ran for the step under way (TieredRunner.run)
+        self.plain = 0  # straight-line steps run by the compiled path's runner
 
     def close(self):
         """Skip this lowering's background compiles from now on: those queued, and the
@@ -339,6 +349,9 @@ class TieredLowering(InductorLowering):
         return body.run
 
     def begin_step(self):
+        if self.in_step:  # (TieredRunner.run called it before it picked the runner)
+            return
+        self.in_step = True
         super().begin_step()
         self.missed = False
         if self.agreement is not None:
@@ -384,6 +397,7 @@ class TieredLowering(InductorLowering):
         """Count the step that just ran in ``seconds`` (``cpu_seconds`` of this process's
         CPU time), and say the switch's line once ``REPORT_AFTER`` compiled steps have run
         after it."""
+        self.in_step = False
         tier = "straight" if self.missed else self.step_tier
         self.ran[tier] += 1
         if tier == "straight":
@@ -409,6 +423,28 @@ class TieredLowering(InductorLowering):
                      f"{compile_s:.1f} s in the background"
                      + (f", {left} kept uncompiled" if left else "") + f"): {before}, "
                      f"{statistics.median(self.after) * 1e3:.2f} ms after")
+
+    def plain_ok(self):
+        """Whether this step, on the straight-line tier, may run the compiled path's runner
+        (``TieredRunner``): every segment recorded, and none with a compile to submit now
+        (each refused, compiled or being compiled for the input signature it met last, or
+        a cold compile that must wait for a free core: ``may_compile``). Its steps are
+        ``compiler=None``'s, bit for bit, without this runner's per-segment work (the
+        inputs gathered and their signature, the commit phase apart): 7-10% of the
+        transformer preset's straight-line step. New shapes are seen again at the next
+        step this runner runs (a miss after the switch)."""
+        wanted = []
+        for s in self.segs:
+            if s.loads is None or s.current is None:
+                return False  # it records, or meets its inputs' signature first
+            if s.refused is None and s.pending_key is None and \
+                    s.current not in s.graphs and s.current not in s.skipped:
+                wanted.append(s)
+        if not wanted:
+            return True
+        if any(s.warm_marker(s.current) for s in wanted):
+            return False  # a load from the cache, submitted at once
+        return not self.may_compile()
 
     def miss(self):
         """A segment met an input signature with no graph: this step runs straight-line
@@ -534,6 +570,17 @@ class _TieredSegment(_CompiledSegment):
             self._submit(key, inputs)
         return self.fallback()
 
+    def _marker(self, key):
+        marker = self.markers.get(key, False)
+        if marker is False:
+            marker = self.markers[key] = _marker(self, key)
+        return marker
+
+    def warm_marker(self, key):
+        """Whether the graph for ``key`` is expected in Inductor's cache (its marker)."""
+        marker = None if key is None else self._marker(key)
+        return marker is not None and os.path.exists(marker)
+
     def _submit(self, key, inputs):
         """Copy this step's inputs and hand their trace and compile to the worker."""
         bad = next((n for n, t in zip(self.loads, inputs)
@@ -551,11 +598,9 @@ class _TieredSegment(_CompiledSegment):
                     f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
                     "uncompiled: pad the inputs to fewer shapes")
             return
-        marker = self.markers.get(key, False)
-        if marker is False:
-            marker = self.markers[key] = _marker(self, key)
+        marker = self._marker(key)
         low = self.lowering
-        warm = marker is not None and os.path.exists(marker)
+        warm = self.warm_marker(key)
         if not warm and not low.may_compile():
             return  # a later step submits it, once a core is free (a load goes at once)
         try:
@@ -593,20 +638,19 @@ class _Job:
         t0 = time.perf_counter()
         fn = reason = None
         try:
-            if not self.warm:
-                _import_paced(compat.preload_tracer)  # while the worker starts (a warm load waits)
+            if not self.warm:  # what the trace imports (a second, for a builder program)
+                _imported(compat.preload_tracer)
             with _COMPILE_LOCK, _yielding():
-                # a cold compile's trace paced too: the worker is still starting
-                gm, copies = seg._trace(self.copies,
-                                        None if self.warm else pacing.Pace(PACE))
+                # a cold compile's trace is paced: the worker is still starting, and the
+                # steps run meanwhile; a warm load is not (a step boundary waits for it)
+                gm, copies = seg._trace(self.copies, None if self.warm else pacing.Pace(PACE))
                 gm = portable(gm)  # the graph every process compiles: one cache key
             self.copies = None  # the trace made its own: one copy of the inputs held, not two
             t1 = time.perf_counter()
             if _WORKER_KIND == "process" and not self.warm:
                 # the compile proper in the worker process; here, a load from the cache (if
                 # the worker failed, the compile itself: slower, never a failed step)
-                _PROCESS.compile(gm, copies,
-                                 meanwhile=lambda: _import_paced(_import_loader))
+                _PROCESS.compile(gm, copies, meanwhile=lambda: _imported(_import_loader))
             t2 = time.perf_counter()
             if _EXITING.is_set() or low.closed:
                 return
@@ -635,13 +679,14 @@ class _Job:
             seg.refuse(reason)  # said; the step's code runs in the training thread, not here
 
 
-def _import_paced(imports):
-    """``imports()`` with this thread's imports paced (``runtime.pacing``: at most ``PACE``
-    of the time), and its errors ignored: the compile that follows meets them again, and
-    says them."""
+def _imported(imports):
+    """``imports()``, its errors ignored: the compile that follows meets them again, and
+    says them. Not paced, and at the interpreter's own switch interval: measured on the
+    transformer preset, imports paced (``runtime.pacing``) or handed back every
+    ``SWITCH_S`` cost the steps more in all (1.6-1.7 s against 1.2 s) for a spread-out
+    loss."""
     try:
-        with pacing.paced(PACE), _yielding():
-            imports()
+        imports()
     except Exception:  # noqa: BLE001
         pass
 
@@ -793,19 +838,62 @@ def agrees(collective, graph):
 class TieredRunner(Runner):
     """A ``Runner`` with ``TieredLowering``: each step is timed for the switch's line. Over
     a multi-process collective the ranks agree on the tier (``_Agreement``): the graph
-    must hold a cross-process collective (``agrees``)."""
+    must hold a cross-process collective (``agrees``).
+
+    A straight-line step with nothing to record or submit (``TieredLowering.plain_ok``)
+    runs ``plain``: the compiled path's runner of the same graph (``compiler=None``'s code,
+    bit for bit), made at the first such step, sharing this runner's step counter (its
+    random ops draw the same), scopes and places' way (``inline``)."""
 
     def __init__(self, graph, scopes, collective, scheduler, contexts=None, sync="event",
                  run_places=None, notes=None, local_processes=1):
+        self._plain = None
+        self._made = (contexts, sync)
         super().__init__(graph, scopes, collective, scheduler,
                          TieredLowering(notes, local_processes), contexts, sync, run_places)
         if agrees(collective, graph) is not None:
             self.lowering.agreement = _Agreement(collective)
 
+    @property
+    def inline(self):
+        return self._inline
+
+    @inline.setter
+    def inline(self, value):
+        self._inline = value
+        if self._plain is not None:
+            self._plain.inline = value
+
+    @property
+    def plain(self):
+        """The compiled path's runner of this graph (made on first use)."""
+        if self._plain is None:
+            contexts, sync = self._made
+            plain = Runner(self.graph, self.scopes, self.collective, self.scheduler,
+                           SegmentLowering(), contexts, sync, self.run_places, step=self.step)
+            plain.inline = self.inline
+            self._plain = plain
+        return self._plain
+
+    def bind_scopes(self, scopes):
+        super().bind_scopes(scopes)
+        if self._plain is not None:
+            self._plain.bind_scopes(scopes)
+
     def run(self, sync=None):
         t0, c0 = time.perf_counter(), time.process_time()
-        fetched = super().run(sync)
-        self.lowering.end_step(time.perf_counter() - t0, time.process_time() - c0)
+        low = self.lowering
+        low.begin_step()  # the switch, an agreement: before the runner is picked
+        try:
+            if low.tier == "straight" and low.plain_ok():
+                low.plain += 1
+                fetched = self.plain.run(sync)
+            else:
+                fetched = super().run(sync)
+        except BaseException:
+            low.in_step = False  # the step failed: the next one begins again
+            raise
+        low.end_step(time.perf_counter() - t0, time.process_time() - c0)
         return fetched
 
     def close(self):

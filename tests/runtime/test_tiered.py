@@ -99,6 +99,27 @@ def test_steps_run_straight_then_switch_at_a_step_boundary(capfd):
     assert " ms a step before, " in err and "compiling" not in err
 
 
+def test_straight_steps_with_nothing_to_submit_run_the_compiled_paths_runner(monkeypatch):
+    # no core ever free (compile_beside): after step 1 (records) and step 2 (meets its
+    # signature), every step runs the compiled path's runner, on the same step counter:
+    # compiler=None's losses and dropout masks, bit for bit
+    from ssaexec.runtime import tiered
+    monkeypatch.setattr(tiered, "FREE_CORE", float("inf"))
+    main, startup = se.Program(), se.Program()
+    with se.program_guard(main, startup):
+        x = se.layers.data("x", shape=[-1, 6], dtype="float64")
+        y = se.layers.data("y", shape=[-1, 1], dtype="float64")
+        h = se.layers.dropout(se.layers.fc(x, size=8, act="relu"), 0.3)
+        loss = se.layers.mean(se.layers.square_error_cost(se.layers.fc(h, size=1), y))
+        se.optimizer.Adam(0.01).minimize(loss)
+    feeds = _feeds(6)
+    ref_losses, ref_params, _ = _train(None, feeds, prog=(main, startup, loss))
+    losses, params, low = _train("auto", feeds, prog=(main, startup, loss))
+    assert low.ran == {"straight": 6, "compiled": 0} and low.plain == 4
+    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
+    assert all(torch.equal(params[n], ref_params[n]) for n in params)
+
+
 def test_a_segment_that_cannot_compile_stays_straight_line_and_says_why(capfd):
     feeds = _feeds(6, expand=True)
     ref_losses, _, _ = _train(None, feeds)
