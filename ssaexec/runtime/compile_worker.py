@@ -101,9 +101,7 @@ class CompileWorker:
                 except Exception as e:  # noqa: BLE001 - compile() says it, and falls back
                     self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
 
-    def compile(self, gm, example_inputs, meanwhile=None):
-        """``meanwhile()``, if given, runs after the graph is sent, while the worker
-        compiles it."""
+    def compile(self, gm, example_inputs):
         with self.lock:
             if self.broken is not None:
                 return self.broken
@@ -113,8 +111,6 @@ class CompileWorker:
                 payload = pickle.dumps((gm, metas))
                 proc = self._process()
                 _frame(proc.stdin, payload)
-                if meanwhile is not None:
-                    meanwhile()
                 reply = _read(proc.stdout)
                 if reply is None:
                     raise OSError(f"the compile worker exited (status {proc.wait()})")

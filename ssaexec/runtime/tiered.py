@@ -54,10 +54,13 @@ worker (``CompileWorker.start``), which imports Inductor and checks the CPU's ve
 (``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) while this process's
 background thread imports the tracer (``compat.preload_tracer``) and traces, the trace
 paced (``runtime.pacing``: at most ``PACE`` of the time, so it never stalls the steps for
-long) and on one fake mode (``_trace``: half its time went to a fake mode per value). While
-the worker compiles, the thread imports what the load needs. What this process spends in
-all on the transformer preset, under the interpreter lock: the trace 0.3 s, those imports
-0.5 s, the load 0.3 s. A warm load is not paced: a step boundary waits for it.
+long) and on one fake mode (``_trace``: half its time went to a fake mode per value). What
+the load from the cache imports (0.5 s for the transformer preset, under the interpreter
+lock: it all but stops the steps) waits for the worker's answer, as does the load: imported
+while the worker compiled, it made the first 1000 steps lose 1.0-1.1 s against 0.27 s,
+for a switch 0.3-0.4 s sooner. What this process spends under the lock in all, on the
+transformer preset: 1.3-1.4 s of steps before the switch. A warm load is not paced: a step
+boundary waits for it.
 
 Before the switch, a step with nothing to record or submit runs the compiled path's runner
 of the same graph (``TieredRunner.plain``: ``compiler=None``'s code, bit for bit), not the
@@ -650,7 +653,7 @@ class _Job:
             if _WORKER_KIND == "process" and not self.warm:
                 # the compile proper in the worker process; here, a load from the cache (if
                 # the worker failed, the compile itself: slower, never a failed step)
-                _PROCESS.compile(gm, copies, meanwhile=lambda: _imported(_import_loader))
+                _PROCESS.compile(gm, copies)
             t2 = time.perf_counter()
             if _EXITING.is_set() or low.closed:
                 return
@@ -683,19 +686,11 @@ def _imported(imports):
     """``imports()``, its errors ignored: the compile that follows meets them again, and
     says them. Not paced, and at the interpreter's own switch interval: measured on the
     transformer preset, imports paced (``runtime.pacing``) or handed back every
-    ``SWITCH_S`` cost the steps more in all (1.6-1.7 s against 1.2 s) for a spread-out
-    loss."""
+    ``SWITCH_S`` cost the steps more in all (1.6-1.9 s against 1.2-1.5 s)."""
     try:
         imports()
     except Exception:  # noqa: BLE001
         pass
-
-
-def _import_loader():
-    """What the load from the cache imports, and the CPU's vector ISA (its test programs
-    are in the cache by now: the worker built them)."""
-    compat.require("inductor.compile_fx", "inductor.config")
-    compat.vec_isa_first()
 
 
 def _cache_dir():
