@@ -302,14 +302,15 @@ class TieredLowering(InductorLowering):
     """The Inductor lowering with a straight-line tier first (see the module docstring).
 
     ``tier`` is the tier the current step runs ("straight" or "compiled"); ``ran`` counts
-    the steps each tier ran; ``switches`` lists ``(steps before, compile seconds)`` of each
-    switch; ``wait()`` waits for the background compiles (tests, benchmarks).
+    the steps each tier ran (``plain_steps`` of the straight ones on ``TieredRunner.plain``);
+    ``switches`` lists ``(steps before, compile seconds)`` of each switch; ``wait()`` waits
+    for the background compiles (tests, benchmarks).
     """
 
     __slots__ = ("tier", "segs", "ran", "switches", "compile_s", "before", "after",
                  "pending", "cond", "missed", "step_tier", "said", "times", "agreement",
                  "begun", "closed", "busy", "deferred", "share", "local", "in_step",
-                 "plain")
+                 "plain_steps")
     chatty = False  # no line per compile: one at the switch
 
     def __init__(self, notes=None, local_processes=1):
@@ -338,7 +339,7 @@ class TieredLowering(InductorLowering):
         self.busy = collections.deque(maxlen=5)  # cores busy in the last straight steps
         self.deferred = 0  # steps a cold compile waited for a free core (compile_beside)
         self.in_step = False  # begin_step ran for the step under way (TieredRunner.run)
-        self.plain = 0  # straight-line steps run by the compiled path's runner
+        self.plain_steps = 0  # straight-line steps run by the compiled path's runner
 
     def close(self):
         """Skip this lowering's background compiles from now on: those queued, and the
@@ -881,7 +882,7 @@ class TieredRunner(Runner):
         low.begin_step()  # the switch, an agreement: before the runner is picked
         try:
             if low.tier == "straight" and low.plain_ok():
-                low.plain += 1
+                low.plain_steps += 1
                 fetched = self.plain.run(sync)
             else:
                 fetched = super().run(sync)

@@ -115,7 +115,7 @@ def test_straight_steps_with_nothing_to_submit_run_the_compiled_paths_runner(mon
     feeds = _feeds(6)
     ref_losses, ref_params, _ = _train(None, feeds, prog=(main, startup, loss))
     losses, params, low = _train("auto", feeds, prog=(main, startup, loss))
-    assert low.ran == {"straight": 6, "compiled": 0} and low.plain == 4
+    assert low.ran == {"straight": 6, "compiled": 0} and low.plain_steps == 4
     assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
     assert all(torch.equal(params[n], ref_params[n]) for n in params)
 
