@@ -574,7 +574,7 @@ class _TieredSegment(_CompiledSegment):
             self._submit(key, inputs)
         return self.fallback()
 
-    def _marker(self, key):
+    def _marker_of(self, key):
         marker = self.markers.get(key, False)
         if marker is False:
             marker = self.markers[key] = _marker(self, key)
@@ -582,7 +582,7 @@ class _TieredSegment(_CompiledSegment):
 
     def warm_marker(self, key):
         """Whether the graph for ``key`` is expected in Inductor's cache (its marker)."""
-        marker = None if key is None else self._marker(key)
+        marker = None if key is None else self._marker_of(key)
         return marker is not None and os.path.exists(marker)
 
     def _submit(self, key, inputs):
@@ -602,7 +602,7 @@ class _TieredSegment(_CompiledSegment):
                     f"{MAX_SIGNATURES} input shapes (MAX_SIGNATURES); other shapes run "
                     "uncompiled: pad the inputs to fewer shapes")
             return
-        marker = self._marker(key)
+        marker = self._marker_of(key)
         low = self.lowering
         warm = self.warm_marker(key)
         if not warm and not low.may_compile():
