@@ -293,7 +293,8 @@ def test_traces_wait_for_trace_lock(entry):
     assert done.is_set()
 
 
-@pytest.mark.slow  # torch's own check builds a test program for every ISA: seconds cold
+# not slow: the matrix's fast suites run it on every supported torch (seconds cold: torch's
+# own check builds a test program for every ISA)
 @pytest.mark.skipif(not compat.available("inductor.vec_isa"), reason="no Inductor here")
 def test_the_first_vec_isa_is_torchs_own_pick(monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
