@@ -58,9 +58,9 @@ long) and on one fake mode (``_trace``: half its time went to a fake mode per va
 the load from the cache imports (0.5 s for the transformer preset, under the interpreter
 lock: it all but stops the steps) waits for the worker's answer, as does the load: imported
 while the worker compiled, it made the first 1000 steps lose 1.0-1.1 s against 0.27 s,
-for a switch 0.3-0.4 s sooner. What this process spends under the lock in all, on the
-transformer preset: 1.3-1.4 s of steps before the switch. A warm load is not paced: a step
-boundary waits for it.
+for a switch 0.3-0.4 s sooner. What this process's part costs the steps in all, on the
+transformer preset: 0.3 s over the first 1000 steps, 1.3-2.1 s before the switch
+(``bench/tier_loss.py``). A warm load is not paced: a step boundary waits for it.
 
 Before the switch, a step with nothing to record or submit runs the compiled path's runner
 of the same graph (``TieredRunner.plain``: ``compiler=None``'s code, bit for bit), not the
