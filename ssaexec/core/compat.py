@@ -392,8 +392,8 @@ def vec_isa_first():
 
     Inductor picks (``pick_vec_isa``) the first ISA of its list whose flags this CPU has and
     which the C++ compiler builds (``valid_vec_isa_list``), but it builds a test program for
-    every ISA of the list before taking the first: 4-5 s of a cold compile on the CPU build
-    machine, 3 of them for ISAs it then never uses. This builds them in order and stops at
+    every ISA of the list before taking the first: 5.4 s of a cold compile on the CPU build
+    machine, 3 s of it for ISAs it then never uses. This builds them in order and stops at
     the first that passes: the same pick, which leaves Inductor's code, its cache keys and
     its kernels as they were. Only where the pick is the first of the list (no
     ``ATEN_CPU_CAPABILITY``, no ``config.cpp.simdlen``: otherwise torch's full check runs,
@@ -448,9 +448,9 @@ _TRACER_MODULES = ("torch._dynamo", "torch._inductor.config",
 
 def preload_tracer():
     """Import what ``make_fx`` imports on its first call (torch's compiler packages: about
-    a second), outside ``TRACE_LOCK``, so that a background thread may take its time over
-    it (``runtime.pacing``) without holding up another thread's trace; then trace one op,
-    for whatever another torch imports besides."""
+    a second), outside ``TRACE_LOCK``, so that a background thread's imports do not hold up
+    another thread's trace; then trace one op, for whatever another torch imports
+    besides."""
     for name in _TRACER_MODULES:
         try:
             importlib.import_module(name)

@@ -163,7 +163,9 @@ def main():
     from .inductor import compile_graph
     compat.require("inductor.compile_fx")  # imported before the first graph arrives
     # and the CPU vector ISA checked (seconds of C++ builds), as soon as the worker starts:
-    # the training process starts it before its trace (``CompileWorker.start``)
+    # the training process starts it before its trace (``CompileWorker.start``). Done on a
+    # machine with CUDA too, where its graphs may not need it: seconds of a spare core, at
+    # the lowest priority
     compat.vec_isa_first()
 
     # Inductor's CPU kernels (and its cache key) follow torch's thread count: the

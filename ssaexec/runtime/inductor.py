@@ -516,8 +516,10 @@ def compile_graph(gm, example_inputs):
             return compat.compile_fx(gm, example_inputs, ignore_shape_env=True)
 
     # Inductor's CPU vector ISA, checked up to the one it picks and no further (3 s less
-    # of a cold compile; the same pick, so the same kernels and cache keys)
-    compat.vec_isa_first()
+    # of a cold compile; the same pick, so the same kernels and cache keys); a graph of
+    # CUDA tensors alone has no CPU kernels to pick it for
+    if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs):
+        compat.vec_isa_first()
     cpp = _cpp_wrapper_ok(gm, example_inputs)
     try:
         return compiled(cpp), cpp
