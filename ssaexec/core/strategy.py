@@ -9,7 +9,7 @@ import os
 
 from .errors import SSAExecError
 
-__all__ = ["BuildStrategy", "ExecutionStrategy"]
+__all__ = ["BuildStrategy", "ExecutionStrategy", "default_compiler"]
 
 # ExecutionStrategy's compiler when none is named: the one switch of the default path.
 # "auto": tiered (runtime.tiered): steps start at once on the straight-line path and switch
@@ -19,6 +19,13 @@ __all__ = ["BuildStrategy", "ExecutionStrategy"]
 # background compile in every test's executor would cost seconds of CPU each); make
 # test-auto runs it with this default
 DEFAULT_COMPILER = "auto"
+
+
+def default_compiler():
+    """The compiler of a strategy that names none (``compiler="default"``): the environment
+    variable ``SSAEXEC_COMPILER`` where set ("none" for None), else ``DEFAULT_COMPILER``."""
+    compiler = os.environ.get("SSAEXEC_COMPILER") or DEFAULT_COMPILER
+    return None if compiler == "none" else compiler
 
 
 def _check(name, value, allowed):
@@ -246,7 +253,7 @@ class ExecutionStrategy:
         self.torch_threads = torch_threads
         self.compiled = bool(compiled)
         if compiler == "default":
-            compiler = os.environ.get("SSAEXEC_COMPILER") or DEFAULT_COMPILER
+            compiler = default_compiler()
         elif compiler is None:  # make test-inductor: every strategy compiles
             compiler = os.environ.get("SSAEXEC_COMPILER") or None
         if compiler == "none":  # the environment's way to say None

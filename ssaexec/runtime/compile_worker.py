@@ -8,8 +8,10 @@ lock, and on 2 shared cores a small MLP's steps ran 2.3x slower for the whole co
 of the training process, and the compile runs here, in a process of its own:
 
 1. the training process sends the traced fx graph (pickled over this process's stdin: a
-   pipe only the two processes hold) and its example inputs' shapes, strides, dtypes and
-   devices;
+   pipe only the two processes hold), its example inputs' shapes, strides, dtypes and
+   devices, torch's thread count as the thread that will load the graph sees it
+   (Inductor's CPU kernels, and so its cache key, follow that count) and
+   ``compile_graph``'s ``split_build``;
 2. this process compiles it with the very call the training process uses
    (``inductor.compile_graph``), on empty tensors of that layout (a compile reads no
    values), which writes the compiled graph into Inductor's FX graph cache
@@ -17,9 +19,12 @@ of the training process, and the compile runs here, in a process of its own:
 3. the training process compiles the same graph again, which loads it from that cache
    (a cache hit: no kernel is generated or compiled again).
 
-The training process starts the worker before its first trace (``start``): the worker's
-imports and its check of the CPU's vector ISA (``compat.vec_isa_first``: C++ test
-programs, seconds) run while the training process traces, not after.
+The training process starts the worker ahead of its first graph (``start``: at the model's
+import, ``runtime.tiered.prestart``, or at the step that submits the first compile): the
+worker's imports and its check of the CPU's vector ISA (``compat.vec_isa_first``: C++
+test programs; 4-5 s in all) run while the training process builds its program or traces,
+not after. Nothing the worker does before its first graph depends on the training
+process's state at its start (the thread count comes with each graph).
 
 If anything goes wrong here (the process cannot start, dies, or the graph does not
 pickle), the caller compiles in its own thread as if this process did not exist: a slower
@@ -101,16 +106,22 @@ class CompileWorker:
                 except Exception as e:  # noqa: BLE001 - compile() says it, and falls back
                     self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
 
-    def compile(self, gm, example_inputs):
+    def compile(self, gm, example_inputs, split_build=False, meanwhile=None):
+        """Have the worker compile ``gm`` (``inductor.compile_graph`` with ``split_build``);
+        ``meanwhile()`` runs here while it does (its errors are its own to handle)."""
         with self.lock:
             if self.broken is not None:
                 return self.broken
             try:
                 metas = [(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
                          for t in example_inputs]
-                payload = pickle.dumps((gm, metas))
+                # read in the thread that loads the graph afterwards: the count its key has
+                import torch
+                payload = pickle.dumps((gm, metas, torch.get_num_threads(), split_build))
                 proc = self._process()
                 _frame(proc.stdin, payload)
+                if meanwhile is not None:
+                    meanwhile()
                 reply = _read(proc.stdout)
                 if reply is None:
                     raise OSError(f"the compile worker exited (status {proc.wait()})")
@@ -126,8 +137,6 @@ class CompileWorker:
             env = dict(os.environ)
             # the worker imports this very ssaexec and torch
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-            import torch
-            env["SSAEXEC_WORKER_THREADS"] = str(torch.get_num_threads())
             self.proc = subprocess.Popen([sys.executable, "-c", _ENTRY],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          env=env)
@@ -168,19 +177,22 @@ def main():
     # the lowest priority
     compat.vec_isa_first()
 
-    # Inductor's CPU kernels (and its cache key) follow torch's thread count: the
-    # training process's, passed in
-    torch.set_num_threads(int(os.environ.get("SSAEXEC_WORKER_THREADS", "1")))
     inp = sys.stdin.buffer
     while (data := _read(inp)) is not None:
         try:
-            gm, metas = pickle.loads(data)
+            gm, metas, threads, split_build = pickle.loads(data)
+            # Inductor's CPU kernels (and its cache key) follow torch's thread count: the
+            # loading thread's, sent with the graph
+            torch.set_num_threads(threads)
             examples = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
                         for shape, stride, dtype, device in metas]
-            compile_graph(gm, examples)
+            compile_graph(gm, examples, split_build)
             reply = (True, "")
         except Exception as e:  # noqa: BLE001 - answered, and the caller compiles itself
             text = str(e).strip().splitlines()
             reply = (False, f"{type(e).__name__}: {text[0][:200] if text else ''}")
-        _frame(out, pickle.dumps(reply))
+        try:
+            _frame(out, pickle.dumps(reply))
+        except OSError:  # the training process is gone (its end closed the pipe)
+            return
 

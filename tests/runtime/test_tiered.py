@@ -209,9 +209,13 @@ def test_a_second_process_with_a_warm_cache_switches_at_its_third_step(tmp_path)
 
 @pytest.mark.tiered
 @pytest.mark.slow  # a worker process's start and a cold compile: 10-25 s on 2 cores
-def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeypatch):
+@pytest.mark.parametrize("split_build", [False, True])
+def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeypatch,
+                                                                split_build):
     """The compile proper runs in the worker process; this process's compile of the same
-    (portable) graph is then a hit in Inductor's on-disk cache, and computes the same."""
+    (portable) graph, with the same options, is then a hit in Inductor's on-disk cache,
+    and computes the same. The worker takes torch's thread count (a part of the cache
+    key) with each graph, not at its start: here it changed in between."""
     from torch._dynamo.utils import counters
 
     from ssaexec.core import compat
@@ -221,19 +225,52 @@ def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeyp
     x, y = torch.randn(4, 3), torch.randn(4, 3)
     gm = portable(compat.make_fx(lambda a, b: ((a * b + 1).relu(),))(x, y))
     worker = CompileWorker()
+    threads = torch.get_num_threads()
+    meanwhile = []
     try:
         worker.start()  # before the graph: it imports Inductor and checks the CPU's ISA
         proc = worker.proc
         assert proc is not None and proc.poll() is None
-        assert worker.compile(gm, [x, y]) is None
+        torch.set_num_threads(2 if threads == 1 else 1)
+        assert worker.compile(gm, [x, y], split_build,
+                              meanwhile=lambda: meanwhile.append(proc.poll())) is None
+        assert meanwhile == [None]  # ran once, while the worker compiled
         assert worker.proc is proc  # the same process, started once
+        assert worker.compile(gm, [x, y], split_build) is None  # no meanwhile: none run
+        assert meanwhile == [None]
     finally:
         worker.close()
     assert worker.compile(gm, [x, y]) == "the compile worker is closed"  # never restarted
-    hits = counters["inductor"]["fxgraph_cache_hit"]
-    fn, _ = compile_graph(gm, [x, y])
-    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    try:
+        hits = counters["inductor"]["fxgraph_cache_hit"]
+        fn, _ = compile_graph(gm, [x, y], split_build)
+        assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(fn(x, y)[0], (x * y + 1).relu())
+
+
+def test_prestart_starts_the_worker_only_where_auto_will_want_it(monkeypatch):
+    """``prestart`` (at ``from_torch``) starts nothing where the default compiler is not
+    "auto", nor where this process's share of the cores leaves none free."""
+    from ssaexec.runtime import tiered
+    monkeypatch.setattr(tiered, "_PROCESS", tiered.CompileWorker())
+    monkeypatch.setenv("SSAEXEC_COMPILER", "none")
+    assert tiered.prestart() is False
+    monkeypatch.setenv("SSAEXEC_COMPILER", "inductor")
+    assert tiered.prestart() is False
+    monkeypatch.setenv("SSAEXEC_COMPILER", "auto")
+    # a process per core: no core free beside the import's
+    assert tiered.prestart(local_processes=tiered.cores()) is False
+    assert tiered._PROCESS.proc is None
+    if tiered.compile_beside(1.0, tiered.cores()):  # this process alone: a core is free
+        try:
+            assert tiered.prestart() is True
+            proc = tiered._PROCESS.proc
+            assert proc is not None and proc.poll() is None
+            assert tiered.prestart() is True and tiered._PROCESS.proc is proc  # once
+        finally:
+            tiered._PROCESS.close()
 
 
 def test_a_graph_that_cannot_reach_the_worker_is_compiled_here():

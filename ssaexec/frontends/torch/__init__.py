@@ -67,8 +67,10 @@ and dtypes or arguments the program format has no words for.
 import torch
 
 from ...core.errors import ProgramError
+from ...dist import world
 from ...program.builder import program_guard
 from ...program.desc import Program, grad_var_name, register_test_rewrite
+from ...runtime.tiered import prestart
 from .capture import capture_forward, capture_joint, check_inputs, symbolic_dims
 from .evalmode import inference_program, to_inference
 from .lower import LOSS_NAME, OUTPUT_NAME, Lowering
@@ -155,6 +157,9 @@ def from_torch(module, example_inputs, loss_fn=None, optimizer=None, *, output=N
         return _import_eval(module, example_inputs, unbatched, random_seed, validate, output,
                             dynamic)
     inputs = check_inputs(module, example_inputs, loss_fn, unbatched)
+    # training is coming: the default's compile worker starts beside this import (seconds
+    # of its own start off the first steps; runtime.tiered.prestart says where not)
+    prestart(world.local_world_size())
     batched = [n for n in inputs if n not in set(unbatched)]
     dims = symbolic_dims(inputs, batched, dynamic)
     joint = capture_joint(module, inputs, loss_fn, dims, output)
