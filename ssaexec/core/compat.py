@@ -375,6 +375,36 @@ _feature("fx.dispatch_mode_key", "torch._C:_TorchDispatchModeKey.PROXY", "2.1",
          "compiler='inductor' (is make_fx recording)")
 
 
+_feature("inductor.cpp_builder", "torch._inductor.cpp_builder:CppBuilder", "2.5",
+         "compiler='auto' (the compile worker says when its C++ build starts)")
+
+
+@contextlib.contextmanager
+def on_cpp_build(callback):
+    """Within it, ``callback()`` runs once, as Inductor starts its first C++ build
+    (``CppBuilder.build``: its Python lowering is over, and the C++ compiler's seconds
+    begin). Process-wide: for the compile worker (``runtime.compile_worker``), which
+    compiles one graph at a time. Where this torch has no such class, it never runs."""
+    cls = FEATURES["inductor.cpp_builder"].lookup()
+    if cls is None or not callable(getattr(cls, "build", None)):
+        yield
+        return
+    build = cls.build
+    pending = [callback]
+
+    @functools.wraps(build)
+    def first_build(self, *args, **kwargs):
+        if pending:
+            pending.pop()()
+        return build(self, *args, **kwargs)
+
+    cls.build = first_build
+    try:
+        yield
+    finally:
+        cls.build = build
+
+
 def compile_fx(gm, example_inputs, **kwargs):
     """``torch._inductor.compile_fx.compile_fx`` (under ``TRACE_LOCK``)."""
     fn = FEATURES["inductor.compile_fx"].get()

@@ -10,12 +10,14 @@ of the training process, and the compile runs here, in a process of its own:
 1. the training process sends the traced fx graph (pickled over this process's stdin: a
    pipe only the two processes hold), its example inputs' shapes, strides, dtypes and
    devices, torch's thread count as the thread that will load the graph sees it
-   (Inductor's CPU kernels, and so its cache key, follow that count) and
-   ``compile_graph``'s ``split_build``;
+   (Inductor's CPU kernels, and so its cache key, follow that count),
+   ``compile_graph``'s ``split_build`` and the ``TORCHINDUCTOR_CACHE_DIR`` it loads from;
 2. this process compiles it with the very call the training process uses
    (``inductor.compile_graph``), on empty tensors of that layout (a compile reads no
-   values), which writes the compiled graph into Inductor's FX graph cache
-   (``TORCHINDUCTOR_CACHE_DIR``, inherited), and answers (ok, or the error's first line);
+   values), which writes the compiled graph into Inductor's FX graph cache (that
+   directory), and answers (ok, or the error's first line);
+   before that, a word as its C++ build starts (``compat.on_cpp_build``), on which the
+   training process imports what its load will need;
 3. the training process compiles the same graph again, which loads it from that cache
    (a cache hit: no kernel is generated or compiled again).
 
@@ -24,7 +26,8 @@ import, ``runtime.tiered.prestart``, or at the step that submits the first compi
 worker's imports and its check of the CPU's vector ISA (``compat.vec_isa_first``: C++
 test programs; 4-5 s in all) run while the training process builds its program or traces,
 not after. Nothing the worker does before its first graph depends on the training
-process's state at its start (the thread count comes with each graph).
+process's state at its start (the thread count and the cache directory come with each
+graph).
 
 If anything goes wrong here (the process cannot start, dies, or the graph does not
 pickle), the caller compiles in its own thread as if this process did not exist: a slower
@@ -106,9 +109,11 @@ class CompileWorker:
                 except Exception as e:  # noqa: BLE001 - compile() says it, and falls back
                     self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
 
-    def compile(self, gm, example_inputs, split_build=False, meanwhile=None):
-        """Have the worker compile ``gm`` (``inductor.compile_graph`` with ``split_build``);
-        ``meanwhile()`` runs here while it does (its errors are its own to handle)."""
+    def compile(self, gm, example_inputs, split_build=False, meanwhile=None, building=None):
+        """Have the worker compile ``gm`` (``inductor.compile_graph`` with ``split_build``).
+        Here, meanwhile: ``meanwhile()`` at once, and ``building()`` once the worker's C++
+        build starts (its Python lowering done: seconds before its answer). Both handle
+        their own errors."""
         with self.lock:
             if self.broken is not None:
                 return self.broken
@@ -117,15 +122,22 @@ class CompileWorker:
                          for t in example_inputs]
                 # read in the thread that loads the graph afterwards: the count its key has
                 import torch
-                payload = pickle.dumps((gm, metas, torch.get_num_threads(), split_build))
+                # and Inductor's cache directory as this process sees it now (the load's)
+                cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                payload = pickle.dumps((gm, metas, torch.get_num_threads(), split_build, cache))
                 proc = self._process()
                 _frame(proc.stdin, payload)
                 if meanwhile is not None:
                     meanwhile()
-                reply = _read(proc.stdout)
-                if reply is None:
-                    raise OSError(f"the compile worker exited (status {proc.wait()})")
-                ok, why = pickle.loads(reply)
+                while True:
+                    reply = _read(proc.stdout)
+                    if reply is None:
+                        raise OSError(f"the compile worker exited (status {proc.wait()})")
+                    ok, why = pickle.loads(reply)
+                    if ok is not None:
+                        break
+                    if building is not None:  # (None, "building"): the C++ build begins
+                        building()
             except Exception as e:  # noqa: BLE001 - any failure: the caller compiles itself
                 self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
                 self.close()
@@ -180,13 +192,20 @@ def main():
     inp = sys.stdin.buffer
     while (data := _read(inp)) is not None:
         try:
-            gm, metas, threads, split_build = pickle.loads(data)
+            gm, metas, threads, split_build, cache = pickle.loads(data)
+            # the cache the training process loads from (Inductor reads it at each compile)
+            if cache is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
             # Inductor's CPU kernels (and its cache key) follow torch's thread count: the
             # loading thread's, sent with the graph
             torch.set_num_threads(threads)
             examples = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
                         for shape, stride, dtype, device in metas]
-            compile_graph(gm, examples, split_build)
+            # a word as the C++ build starts: the training process then readies its load
+            with compat.on_cpp_build(lambda: _frame(out, pickle.dumps((None, "building")))):
+                compile_graph(gm, examples, split_build)
             reply = (True, "")
         except Exception as e:  # noqa: BLE001 - answered, and the caller compiles itself
             text = str(e).strip().splitlines()

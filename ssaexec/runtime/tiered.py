@@ -681,11 +681,14 @@ class _Job:
             if _WORKER_KIND == "process" and not self.warm:
                 # the compile proper in the worker process; here, a load from the cache (if
                 # the worker failed, the compile itself: slower, never a failed step).
-                # Meanwhile this process checks the vector ISA the load needs: the worker
-                # has built its test programs, so only their loads are left (a subprocess
-                # each, 0.4 s of waiting, off the switch's path)
+                # Meanwhile this process readies the load, off the switch's path: at once,
+                # the vector ISA's check (the worker has built its test programs: only
+                # their loads are left, a subprocess each, 0.4 s of waiting); as the
+                # worker's C++ build starts (seconds before its answer, and long after
+                # the first steps), the load's imports (0.6 s under the interpreter lock)
                 _PROCESS.compile(gm, copies, low.split_build,
-                                 meanwhile=lambda: _imported(lambda: check_vec_isa(copies)))
+                                 meanwhile=lambda: _imported(lambda: check_vec_isa(copies)),
+                                 building=lambda: _imported(_load_imports))
             t2 = time.perf_counter()
             if _EXITING.is_set() or low.closed:
                 return
@@ -712,6 +715,11 @@ class _Job:
             low.cond.notify_all()
         if reason is not None and not _EXITING.is_set():  # (modules go away at exit)
             seg.refuse(reason)  # said; the step's code runs in the training thread, not here
+
+
+def _load_imports():
+    """What a load from Inductor's cache imports (``compile_fx`` and its modules)."""
+    compat.require("inductor.compile_fx")
 
 
 def _imported(imports):

@@ -309,3 +309,17 @@ def test_the_first_vec_isa_is_torchs_own_pick(monkeypatch):
     # a capability named in the environment: torch's full list, its own choice among them
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert mod.valid_vec_isa_list() == full
+
+
+def test_on_cpp_build_wraps_inductors_build_and_puts_it_back():
+    """``on_cpp_build`` (the compile worker's word as its C++ build starts) replaces
+    Inductor's ``CppBuilder.build`` only within it; the callback runs end to end in
+    tests/runtime/test_tiered.py (a worker's cold compile)."""
+    cls = compat.FEATURES["inductor.cpp_builder"].get()
+    original = cls.build
+    with compat.on_cpp_build(lambda: None):
+        assert cls.build is not original and cls.build.__wrapped__ is original
+    assert cls.build is original
+    with pytest.raises(KeyError), compat.on_cpp_build(lambda: None):
+        raise KeyError("restored on errors too")
+    assert cls.build is original

@@ -215,29 +215,35 @@ def test_the_worker_process_fills_the_cache_this_process_loads(tmp_path, monkeyp
     """The compile proper runs in the worker process; this process's compile of the same
     (portable) graph, with the same options, is then a hit in Inductor's on-disk cache,
     and computes the same. The worker takes torch's thread count (a part of the cache
-    key) with each graph, not at its start: here it changed in between."""
+    key) and Inductor's cache directory with each graph, not at its start: here both
+    changed in between."""
     from torch._dynamo.utils import counters
 
     from ssaexec.core import compat
     from ssaexec.runtime.compile_worker import CompileWorker, portable
     from ssaexec.runtime.inductor import compile_graph
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the worker inherits it
     x, y = torch.randn(4, 3), torch.randn(4, 3)
     gm = portable(compat.make_fx(lambda a, b: ((a * b + 1).relu(),))(x, y))
     worker = CompileWorker()
     threads = torch.get_num_threads()
-    meanwhile = []
+    meanwhile, building = [], []
     try:
         worker.start()  # before the graph: it imports Inductor and checks the CPU's ISA
         proc = worker.proc
         assert proc is not None and proc.poll() is None
+        # changed after the worker's start: both come with the graph
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
         torch.set_num_threads(2 if threads == 1 else 1)
         assert worker.compile(gm, [x, y], split_build,
-                              meanwhile=lambda: meanwhile.append(proc.poll())) is None
-        assert meanwhile == [None]  # ran once, while the worker compiled
+                              meanwhile=lambda: meanwhile.append(proc.poll()),
+                              building=lambda: building.append(proc.poll())) is None
+        # each once, while the worker compiled: building as its C++ build started
+        assert meanwhile == [None] and building == [None]
         assert worker.proc is proc  # the same process, started once
-        assert worker.compile(gm, [x, y], split_build) is None  # no meanwhile: none run
-        assert meanwhile == [None]
+        # the same graph again: a hit in the worker's cache, no C++ build to say
+        assert worker.compile(gm, [x, y], split_build,
+                              building=lambda: building.append(proc.poll())) is None
+        assert meanwhile == [None] and building == [None]
     finally:
         worker.close()
     assert worker.compile(gm, [x, y]) == "the compile worker is closed"  # never restarted
