@@ -466,6 +466,8 @@ class TieredLowering(InductorLowering):
         step this runner runs (a miss after the switch)."""
         wanted = []
         for s in self.segs:
+            if s.refused is not None:
+                continue  # its straight-line code in every tier (never recorded, it may be)
             if s.loads is None or s.current is None:
                 return False  # it records, or meets its inputs' signature first
             if s.refused is None and s.pending_key is None and \
