@@ -49,23 +49,35 @@ imports nothing of Inductor's (``_cache_dir``); the background thread does, from
 on (``make_fx`` imports Inductor's package: 0.8 s).
 
 Order of a cold compile, so that the worker's start is off the critical path and this
-process's background Python costs the steps little. The step that submits it starts the
-worker (``CompileWorker.start``), which imports Inductor and checks the CPU's vector ISA
-(``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) while this process's
-background thread imports the tracer (``compat.preload_tracer``) and traces, the trace
-paced (``runtime.pacing``: at most ``PACE`` of the time, so it never stalls the steps for
-long) and on one fake mode (``_trace``: half its time went to a fake mode per value). What
-the load from the cache imports (0.5 s for the transformer preset, under the interpreter
-lock: it all but stops the steps) waits for the worker's answer, as does the load: imported
-while the worker compiled, it made the first 1000 steps lose 1.0-1.1 s against 0.27 s,
-for a switch 0.3-0.4 s sooner. What this process's part costs the steps in all, on the
-transformer preset: 0.3 s over the first 1000 steps, 1.3-2.1 s before the switch
-(``bench/tier_loss.py``). A warm load is not paced: a step boundary waits for it.
+process's background Python costs the steps little.
+
+1. The worker starts early: at the import of a model for training (``from_torch`` calls
+   ``prestart`` where "auto" will want it), else at the step that submits the first cold
+   compile (``CompileWorker.start``). Its imports and its check of the CPU's vector ISA
+   (``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) then run beside the
+   import (2.8 s for the transformer preset) or the first steps, not after the trace.
+2. This process's background thread imports the tracer (``compat.preload_tracer``) and
+   traces, paced (``runtime.pacing``: at most ``PACE`` of the time, so it never stalls the
+   steps for long) and on one fake mode (``_trace``: half its time went to a fake mode
+   per value), and sends the graph.
+3. While the worker compiles (the C++ wrapper built apart from the kernels:
+   ``split_build``), this process checks the vector ISA the load needs (the worker built
+   its test programs: their loads are left, 0.4 s of waiting), and, at the worker's word
+   that its C++ build starts, imports what the load needs (0.6-0.7 s under the
+   interpreter lock, which the steps lose either way). Imported at once instead, they fell
+   in the first 1000 steps (1.0-1.1 s lost there against 0.27 s); after the answer, they
+   delayed the switch by their time.
+4. The load from the cache (0.55 s, 0.26 s of it under the lock) and the switch.
+
+On the transformer preset this switches some 8.5 s after the first step (11.5 s before
+the early start, the split build and the word). What this process's part costs the steps in all is measured by
+``bench/tier_loss.py``. A warm load is not paced: a step boundary waits for it.
 
 Before the switch, a step with nothing to record or submit runs the compiled path's runner
 of the same graph (``TieredRunner.plain``: ``compiler=None``'s code, bit for bit), not the
 segments' straight-line tier, whose per-segment work (inputs gathered, their signature, the
-commit phase apart) cost the transformer preset 7-10% a step.
+commit phase apart) cost the transformer preset 7-10% a step. A segment Inductor refuses
+(a foreach update) runs its straight-line code in either runner and does not count.
 
 torch's tracers keep process-wide state, so the background thread's trace and loads hold
 ``compat.TRACE_LOCK``, as every other ssaexec trace does (``from_torch``, a blocking
