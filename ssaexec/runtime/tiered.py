@@ -70,8 +70,9 @@ process's background Python costs the steps little.
 4. The load from the cache (0.55 s, 0.26 s of it under the lock) and the switch.
 
 On the transformer preset this switches some 8.5 s after the first step (11.5 s before
-the early start, the split build and the word). What this process's part costs the steps in all is measured by
-``bench/tier_loss.py``. A warm load is not paced: a step boundary waits for it.
+the early start, the split build and the word). What this process's part costs the
+steps in all is measured by ``bench/tier_loss.py``. A warm load is not paced: a step
+boundary waits for it.
 
 Before the switch, a step with nothing to record or submit runs the compiled path's runner
 of the same graph (``TieredRunner.plain``: ``compiler=None``'s code, bit for bit), not the
