@@ -109,11 +109,11 @@ class CompileWorker:
                 except Exception as e:  # noqa: BLE001 - compile() says it, and falls back
                     self.broken = f"the compile worker failed ({type(e).__name__}: {e})"
 
-    def compile(self, gm, example_inputs, split_build=False, meanwhile=None, building=None):
-        """Have the worker compile ``gm`` (``inductor.compile_graph`` with ``split_build``).
-        Here, meanwhile: ``meanwhile()`` at once, and ``building()`` once the worker's C++
-        build starts (its Python lowering done: seconds before its answer). Both handle
-        their own errors."""
+    def compile(self, gm, example_inputs, split_build=False, building=None):
+        """Have the worker compile ``gm`` (``inductor.compile_graph`` with ``split_build``);
+        None once it has, else why not. ``building()`` runs here as the worker's C++ build
+        starts (its Python lowering done: seconds before its answer); it handles its own
+        errors."""
         with self.lock:
             if self.broken is not None:
                 return self.broken
@@ -127,8 +127,6 @@ class CompileWorker:
                 payload = pickle.dumps((gm, metas, torch.get_num_threads(), split_build, cache))
                 proc = self._process()
                 _frame(proc.stdin, payload)
-                if meanwhile is not None:
-                    meanwhile()
                 while True:
                     reply = _read(proc.stdout)
                     if reply is None:

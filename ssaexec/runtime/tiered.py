@@ -61,12 +61,12 @@ process's background Python costs the steps little.
    steps for long) and on one fake mode (``_trace``: half its time went to a fake mode
    per value), and sends the graph.
 3. While the worker compiles (the C++ wrapper built apart from the kernels:
-   ``split_build``), this process checks the vector ISA the load needs (the worker built
-   its test programs: their loads are left, 0.4 s of waiting), and, at the worker's word
-   that its C++ build starts, imports what the load needs (0.6-0.7 s under the
-   interpreter lock, which the steps lose either way). Imported at once instead, they fell
-   in the first 1000 steps (1.0-1.1 s lost there against 0.27 s); after the answer, they
-   delayed the switch by their time.
+   ``split_build``), at its word that its C++ build starts (some 2 s before its answer),
+   this process checks the vector ISA the load needs (the worker built its test programs:
+   their loads are left, 0.4 s of waiting) and imports what the load needs (0.6-0.7 s
+   under the interpreter lock, which the steps lose either way). Imported at once
+   instead, they fell in the first 1000 steps (1.0-1.1 s lost there against 0.27 s);
+   after the answer, they delayed the switch by their time.
 4. The load from the cache (0.55 s, 0.26 s of it under the lock) and the switch.
 
 On the transformer preset this switches some 8.5 s after the first step (11.5 s before
@@ -696,14 +696,13 @@ class _Job:
             if _WORKER_KIND == "process" and not self.warm:
                 # the compile proper in the worker process; here, a load from the cache (if
                 # the worker failed, the compile itself: slower, never a failed step).
-                # Meanwhile this process readies the load, off the switch's path: at once,
-                # the vector ISA's check (the worker has built its test programs: only
-                # their loads are left, a subprocess each, 0.4 s of waiting); as the
-                # worker's C++ build starts (seconds before its answer, and long after
-                # the first steps), the load's imports (0.6 s under the interpreter lock)
+                # Meanwhile this process readies the load, off the switch's path, as the
+                # worker's C++ build starts (seconds before its answer, and long after the
+                # first steps): the vector ISA's check (the worker built its test
+                # programs: only their loads are left, a subprocess each, 0.4 s of
+                # waiting), then the load's imports (0.6 s under the interpreter lock)
                 _PROCESS.compile(gm, copies, low.split_build,
-                                 meanwhile=lambda: _imported(lambda: check_vec_isa(copies)),
-                                 building=lambda: _imported(_load_imports))
+                                 building=lambda: _imported(lambda: _ready_load(copies)))
             t2 = time.perf_counter()
             if _EXITING.is_set() or low.closed:
                 return
@@ -732,8 +731,10 @@ class _Job:
             seg.refuse(reason)  # said; the step's code runs in the training thread, not here
 
 
-def _load_imports():
-    """What a load from Inductor's cache imports (``compile_fx`` and its modules)."""
+def _ready_load(copies):
+    """What a load from Inductor's cache of a graph of ``copies`` needs first: the vector
+    ISA checked (for CPU tensors), ``compile_fx`` and its modules imported."""
+    check_vec_isa(copies)
     compat.require("inductor.compile_fx")
 
 
