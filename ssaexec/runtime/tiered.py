@@ -350,7 +350,7 @@ class TieredLowering(InductorLowering):
                  "plain_steps")
     chatty = False  # no line per compile: one at the switch
     # the C++ wrapper built apart from the kernels (compile_graph): 0.8 s less of the
-    # transformer preset's background compile, 1-2% on its compiled steps
+    # transformer preset's background compile
     split_build = True
 
     def __init__(self, notes=None, local_processes=1):
