@@ -490,6 +490,12 @@ class TieredLowering(InductorLowering):
             return True
         if any(s.warm_marker(s.current) for s in wanted):
             return False  # a load from the cache, submitted at once
+        if COMPILE_BESIDE != "always" and self.busy_measured() is None:
+            # may_compile's steps are still measured on this runner: with several places
+            # its places rule probes both ways (threads, turns); the compiled path's
+            # runner probes its own, and a compile started on turns alone slowed the
+            # quick ResNet-18's threads steps at 2 places to 0.66x of one place
+            return False
         return not self.may_compile()
 
     def miss(self):
@@ -528,19 +534,7 @@ class TieredLowering(InductorLowering):
         # (and with several places, both ways measured: steps 2 and 3)
         if COMPILE_BESIDE == "always":
             return True
-        calls = getattr(self.base, "calls", None)  # (None before the runner prepared it)
-        # several processes: a rank counts a whole core at least, over a full window: its
-        # waits for its peers are not free time (a peer runs then). Measured alone, two
-        # ranks of the transformer preset on 2 cores kept 0.3-1.0 of a core busy a step,
-        # and one whose steps waited more started a compile, which slowed its peer, whose
-        # steps then waited more too: both compiled beside their steps within 250 steps.
-        # Several places: both of the probe's ways (steps 2 and 3), the most of them
-        if self.local > 1:
-            full = len(self.busy) == self.busy.maxlen
-            busy = max(1.0, statistics.fmean(self.busy)) if full else None
-        else:
-            need = 2 if calls is not None and len(calls.scopes) > 1 else 1
-            busy = max(self.busy) if len(self.busy) >= need else None
+        busy = self.busy_measured()
         if compile_beside(busy, self.share):
             return True
         if busy is not None:
@@ -553,6 +547,22 @@ class TieredLowering(InductorLowering):
                          "them would slow them (it starts once a core is free; "
                          "compiler='inductor' compiles before the steps instead)")
         return False
+
+    def busy_measured(self):
+        """The cores the straight steps keep busy, as ``may_compile`` weighs them; None
+        while too few steps are measured."""
+        calls = getattr(self.base, "calls", None)  # (None before the runner prepared it)
+        # several processes: a rank counts a whole core at least, over a full window: its
+        # waits for its peers are not free time (a peer runs then). Measured alone, two
+        # ranks of the transformer preset on 2 cores kept 0.3-1.0 of a core busy a step,
+        # and one whose steps waited more started a compile, which slowed its peer, whose
+        # steps then waited more too: both compiled beside their steps within 250 steps.
+        # Several places: both of the probe's ways (steps 2 and 3), the most of them
+        if self.local > 1:
+            full = len(self.busy) == self.busy.maxlen
+            return max(1.0, statistics.fmean(self.busy)) if full else None
+        need = 2 if calls is not None and len(calls.scopes) > 1 else 1
+        return max(self.busy) if len(self.busy) >= need else None
 
     def wait(self, timeout=None):
         """Wait until no background compile of this lowering is pending (True), or

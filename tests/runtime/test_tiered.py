@@ -129,6 +129,28 @@ def test_straight_steps_with_nothing_to_submit_run_the_compiled_paths_runner(mon
     assert all(torch.equal(params[n], ref_params[n]) for n in params)
 
 
+def test_several_places_measure_both_ways_before_the_compiled_paths_runner(monkeypatch):
+    # with 2 places the places rule probes threads and turns at steps 2 and 3, and
+    # compile_beside weighs the most of both: the compiled path's runner (which probes on
+    # its own) runs only from step 4, once both are measured on this runner
+    from ssaexec.runtime import tiered
+    monkeypatch.setattr(tiered, "FREE_CORE", float("inf"))
+    main, startup, loss = _mlp()
+    feeds = [{k: torch.cat([v, v]) for k, v in f.items()} for f in _feeds(6)]
+    results = {}
+    for compiler in (None, "auto"):
+        scope = se.Scope()
+        torch.manual_seed(1)
+        se.Executor(se.CPUPlace(0)).run(startup, scope=scope)
+        with se.ParallelExecutor(se.cpu_places(2), main, startup, loss.name, scope=scope,
+                                 exec_strategy=se.ExecutionStrategy(compiler=compiler)) as pe:
+            results[compiler] = [pe.run([loss], feed=f)[0] for f in feeds]
+            low = pe._runner((loss.name,)).lowering
+    assert low.ran == {"straight": 6, "compiled": 0} and low.plain_steps == 3
+    assert low.busy_measured() is not None
+    assert all(torch.equal(a, b) for a, b in zip(results["auto"], results[None]))
+
+
 def test_a_segment_that_cannot_compile_stays_straight_line_and_says_why(capfd):
     feeds = _feeds(6, expand=True)
     ref_losses, _, _ = _train(None, feeds)
