@@ -61,13 +61,15 @@ process's background Python costs the steps little.
    steps for long) and on one fake mode (``_trace``: half its time went to a fake mode
    per value), and sends the graph.
 3. While the worker compiles (the C++ wrapper built apart from the kernels:
-   ``split_build``), at its word that its C++ build starts (some 2 s before its answer),
+   ``split_build``), at its word that its C++ build starts (seconds before its answer),
    this process checks the vector ISA the load needs (the worker built its test programs:
-   their loads are left, 0.4 s of waiting) and imports what the load needs (0.6-0.7 s
-   under the interpreter lock, which the steps lose either way). Imported at once
-   instead, they fell in the first 1000 steps (1.0-1.1 s lost there against 0.27 s);
-   after the answer, they delayed the switch by their time.
-4. The load from the cache (0.55 s, 0.26 s of it under the lock) and the switch.
+   their loads are left, subprocesses waited for) and imports what the load needs
+   (Python under the interpreter lock, which the steps lose either way). Imported at
+   once instead, they fell in the first 1000 steps (1.0-1.1 s lost there against
+   0.27 s, ``bench/tier_loss.py``); after the answer, they delayed the switch by their
+   time.
+4. The load from the cache (``bench/time_to_steps.py``'s ``load`` phase: 0.55-0.63 s,
+   1.2-1.4 s before) and the switch.
 
 On the transformer preset this switches some 8.5 s after the first step (11.5 s before
 the early start, the split build and the word). What this process's part costs the
@@ -349,8 +351,8 @@ class TieredLowering(InductorLowering):
                  "begun", "closed", "busy", "deferred", "share", "local", "in_step",
                  "plain_steps")
     chatty = False  # no line per compile: one at the switch
-    # the C++ wrapper built apart from the kernels (compile_graph): 0.8 s less of the
-    # transformer preset's background compile
+    # the C++ wrapper built apart from the kernels (compile_graph): a shorter background
+    # compile once the precompiled headers exist
     split_build = True
 
     def __init__(self, notes=None, local_processes=1):
@@ -709,8 +711,8 @@ class _Job:
                 # Meanwhile this process readies the load, off the switch's path, as the
                 # worker's C++ build starts (seconds before its answer, and long after the
                 # first steps): the vector ISA's check (the worker built its test
-                # programs: only their loads are left, a subprocess each, 0.4 s of
-                # waiting), then the load's imports (0.6 s under the interpreter lock)
+                # programs: only their loads are left, a subprocess each), then the
+                # load's imports (under the interpreter lock)
                 _PROCESS.compile(gm, copies, low.split_build,
                                  building=lambda: _imported(lambda: _ready_load(copies)))
             t2 = time.perf_counter()
