@@ -423,12 +423,21 @@ def vec_isa_first():
     Inductor picks (``pick_vec_isa``) the first ISA of its list whose flags this CPU has and
     which the C++ compiler builds (``valid_vec_isa_list``), but it builds a test program for
     every ISA of the list before taking the first: 5.4 s of a cold compile on the CPU build
-    machine, 3 s of it for ISAs it then never uses. This builds them in order and stops at
-    the first that passes: the same pick, which leaves Inductor's code, its cache keys and
-    its kernels as they were. Only where the pick is the first of the list (no
-    ``ATEN_CPU_CAPABILITY``, no ``config.cpp.simdlen``: otherwise torch's full check runs,
-    through the original function) and on x86, where torch reads the CPU's flags. Returns
-    the ISA, or None where this torch lays it out otherwise (then nothing changes)."""
+    machine, 3 s of it for ISAs it then never uses. This checks them in order and stops at
+    the first that passes: the same pick, which leaves Inductor's code and its kernels as
+    they were. Only where the pick is the first of the list (no ``ATEN_CPU_CAPABILITY``, no
+    ``config.cpp.simdlen``: otherwise torch's full check runs, through the original
+    function) and on x86, where torch reads the CPU's flags. Returns the ISA, or None where
+    this torch lays it out otherwise (then nothing changes).
+
+    The check of an AVX2 or AVX-512 ISA is ``_vec_isa_light`` where it can be: Inductor's own
+    builds a test program against ATen's vector headers (2.0-2.3 s of g++, the longest part
+    of a compile worker's start on an empty cache) to learn two things, that the compiler
+    takes the ISA's flags and that libtorch exports the Sleef kernels of its width; here
+    a unit of intrinsics with those flags (0.1-0.2 s) and a look-up of the symbol. The
+    ISA's own further checks (VNNI's, AMX's: small builds) run as Inductor wrote them. Its
+    compiles then say so (``vec_isa_patch``), so that Inductor does not build the test
+    program anyway."""
     mod = FEATURES["inductor.vec_isa"].lookup()
     names = ("supported_vec_isa_list", "valid_vec_isa_list", "x86_isa_checker", "pick_vec_isa")
     if mod is None or not all(hasattr(mod, n) for n in names) or \
@@ -444,9 +453,22 @@ def vec_isa_first():
                     return full()
                 if not found:
                     flags = mod.x86_isa_checker()
-                    found.append(next((isa for isa in mod.supported_vec_isa_list
-                                       if all(f in flags for f in str(isa).split()) and isa),
-                                      None))
+                    pick = None
+                    for isa in mod.supported_vec_isa_list:
+                        if not all(f in flags for f in str(isa).split()):
+                            continue
+                        if _vec_isa_light(mod, isa):
+                            # the base check done: the ISA's own further checks only
+                            with config.patch({"cpp.vec_isa_ok": True}):
+                                ok = bool(isa)
+                            if ok:
+                                _VEC_ISA_LIGHT.append(str(isa))
+                        else:
+                            ok = bool(isa)  # Inductor's whole check
+                        if ok:
+                            pick = isa
+                            break
+                    found.append(pick)
                 return [] if found[0] is None else found[:1]
 
             found = []
@@ -455,6 +477,53 @@ def vec_isa_first():
             first_only.cache_clear = getattr(full, "cache_clear", lambda: None)
             mod.valid_vec_isa_list = first_only
         return mod.pick_vec_isa()
+
+
+_VEC_ISA_LIGHT = []  # the ISA picked on _vec_isa_light's check, once a process
+# the Sleef exp of float vectors of each width: what Inductor's test program calls
+_SLEEF_EXP = {512: "Sleef_expf16_u10", 256: "Sleef_expf8_u10"}
+_INTRINSICS = {512: "__m512 f(__m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, a); }",
+               256: "__m256 f(__m256 a, __m256 b) { return _mm256_fmadd_ps(a, b, a); }"}
+
+
+def _vec_isa_light(mod, isa):
+    """Whether Inductor's base check of ``isa`` (``VecISA._avx_code``: ATen's vectorized
+    ``exp`` built with the ISA's flags, linked against libtorch and loaded) can be done
+    lighter, and passes: the compiler builds the ISA's intrinsics with its flags, and
+    libtorch exports the Sleef function of its width. False (Inductor's own check then) for
+    another ISA, another layout of torch's module, or any doubt."""
+    import ctypes
+    import subprocess
+    import tempfile
+    try:
+        if not isinstance(isa, (mod.VecAVX512, mod.VecAVX2)) or \
+                not hasattr(inductor_config().cpp, "vec_isa_ok"):
+            return False
+        width = isa.bit_width()
+        if width not in _SLEEF_EXP:
+            return False
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+        if not hasattr(ctypes.CDLL(lib), _SLEEF_EXP[width]):  # loaded already: a look-up
+            return False
+        cxx = importlib.import_module("torch._inductor.cpp_builder").get_cpp_compiler()
+        with tempfile.TemporaryDirectory(prefix="ssaexec-isa-") as d:
+            src = os.path.join(d, "isa.cpp")
+            with open(src, "w") as f:
+                f.write("#include <immintrin.h>\n" + _INTRINSICS[width] + "\n")
+            done = subprocess.run([cxx, *isa.build_arch_flags().split(), "-c", src, "-o",
+                                   os.path.join(d, "isa.o")], capture_output=True, timeout=60)
+        return done.returncode == 0
+    except Exception:  # noqa: BLE001 - Inductor's own check decides
+        return False
+
+
+def vec_isa_patch():
+    """The Inductor options a compile needs for ``vec_isa_first``'s pick: ``cpp.vec_isa_ok``
+    where the pick was checked lighter (Inductor would otherwise build its test program at
+    the compile's first ``bool(isa)``), else none. The option is in Inductor's cache key:
+    every compile of ours goes through ``runtime.inductor.compile_graph``, so a worker
+    process and the process that loads its graph agree."""
+    return {"cpp.vec_isa_ok": True} if _VEC_ISA_LIGHT else {}
 
 
 def inductor_config():

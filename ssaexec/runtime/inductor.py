@@ -525,12 +525,14 @@ def compile_graph(gm, example_inputs, split_build=False):
         # Inductor's own check of each input, every call, would repeat ours (tens of
         # microseconds a step on a launch-bound model: one check per input)
         # the config patch is process-wide too: the whole call holds compat.TRACE_LOCK
+        # (and the vector ISA's check, where check_vec_isa did it lighter: isa)
         with compat.TRACE_LOCK, compat.tracing_context(fake_mode), compat.inductor_config().patch(
-                emulate_precision_casts=True, size_asserts=False, cpp_wrapper=cpp_wrapper,
-                cpp_wrapper_build_separate=bool(split_build and cpp_wrapper)):
+                {**isa, "emulate_precision_casts": True, "size_asserts": False,
+                 "cpp_wrapper": cpp_wrapper,
+                 "cpp_wrapper_build_separate": bool(split_build and cpp_wrapper)}):
             return compat.compile_fx(gm, example_inputs, ignore_shape_env=True)
 
-    check_vec_isa(example_inputs)
+    isa = check_vec_isa(example_inputs)
     cpp = _cpp_wrapper_ok(gm, example_inputs)
     try:
         return compiled(cpp), cpp
@@ -542,11 +544,15 @@ def compile_graph(gm, example_inputs, split_build=False):
 
 def check_vec_isa(example_inputs):
     """Inductor's CPU vector ISA, checked (once a process) up to the one it picks and no
-    further (``compat.vec_isa_first``: 3 s less of a cold compile; the same pick, so the
-    same kernels and cache keys), where ``example_inputs`` hold a CPU tensor: a graph of
-    CUDA tensors alone has no CPU kernels to pick it for."""
+    further (``compat.vec_isa_first``: 3 s less of a cold compile, and 2 s more where its
+    check is lighter; the same pick, so the same kernels), where ``example_inputs`` hold a
+    CPU tensor: a graph of CUDA tensors alone has no CPU kernels to pick it for. Returns
+    the Inductor options the graph's compile takes for it (``compat.vec_isa_patch``): the
+    same in every process that compiles or loads the graph, so one cache key."""
     if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in example_inputs):
         compat.vec_isa_first()
+        return compat.vec_isa_patch()
+    return {}
 
 
 def _cpp_wrapper_ok(gm, inputs):

@@ -14,6 +14,10 @@
 
 import ast
 import pathlib
+import platform
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -303,12 +307,38 @@ def test_the_first_vec_isa_is_torchs_own_pick(monkeypatch):
     if picked is None:  # not x86, or another layout: torch's own code, untouched
         assert not getattr(mod.valid_vec_isa_list, "ssaexec_first", False)
         return
-    full = mod.valid_vec_isa_list.full()  # every ISA checked, as torch does
-    assert str(picked) == str(full[0] if full else mod.invalid_vec_isa)
+    # torch's own pick, every ISA checked its own way, in a process this one never patched
+    # (here the lighter check's answers are in the ISAs' own caches)
+    own = subprocess.run([sys.executable, "-c", "from torch._inductor import cpu_vec_isa as m\n"
+                          "print(m.pick_vec_isa())"],
+                         capture_output=True, text=True, timeout=600)
+    assert own.returncode == 0, own.stderr
+    assert str(picked) == own.stdout.strip().splitlines()[-1]
     assert str(mod.pick_vec_isa()) == str(picked)
+    # the lighter check is said to the compiles only where it checked the pick's base ISA
+    assert bool(compat.vec_isa_patch()) == (str(picked).split()[0] in ("avx512", "avx2")
+                                           and str(picked) in compat._VEC_ISA_LIGHT)
     # a capability named in the environment: torch's full list, its own choice among them
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert mod.valid_vec_isa_list() == full
+    assert mod.valid_vec_isa_list() == mod.valid_vec_isa_list.full()
+
+
+@pytest.mark.skipif(not compat.available("inductor.vec_isa") or
+                    platform.machine() not in ("x86_64", "AMD64"), reason="no x86 Inductor")
+def test_the_lighter_vec_isa_check_refuses_what_it_cannot_vouch_for(monkeypatch):
+    """``_vec_isa_light`` stands in for Inductor's test program only where both of its
+    checks pass: flags the compiler refuses, or a Sleef function libtorch lacks, leave the
+    decision to Inductor's own check (False)."""
+    mod = compat.FEATURES["inductor.vec_isa"].get()
+    isa = mod.VecAVX2()
+    assert compat._vec_isa_light(mod, isa) is (shutil.which("g++") is not None
+                                                or shutil.which("c++") is not None)
+    monkeypatch.setattr(type(isa), "build_arch_flags", lambda self: "-mno-such-isa-flag")
+    assert compat._vec_isa_light(mod, isa) is False
+    monkeypatch.undo()
+    monkeypatch.setitem(compat._SLEEF_EXP, 256, "Sleef_no_such_function_u10")
+    assert compat._vec_isa_light(mod, isa) is False
+    assert compat._vec_isa_light(mod, mod.VecNEON()) is False  # not one it knows: Inductor's
 
 
 def test_on_cpp_build_wraps_inductors_build_and_puts_it_back():
