@@ -45,7 +45,8 @@ __all__ = ["SUPPORTED", "TorchFeatureError", "Feature", "FEATURES", "require", "
            "compile_fx", "tracing_context", "inductor_config", "make_fx",
            "disable_proxy_modes_tracing", "proxy_tracing", "op_classes", "TorchDispatchMode",
            "custom_op", "has_torch_nccl", "batch_norm_base", "cuda_sleep", "cuda_graph_kwargs", "SDPA_CPU", "SDPA_CPU_BACKWARD", "torch_version",
-           "all_gather_single", "reduce_scatter_single", "TRACE_LOCK", "vec_isa_first", "preload_tracer"]
+           "all_gather_single", "reduce_scatter_single", "TRACE_LOCK", "vec_isa_first", "vec_isa_patch",
+           "preload_tracer"]
 
 # the supported torch range [lowest, first unsupported): pyproject.toml states the same
 SUPPORTED = ("2.11", "2.15")
@@ -431,10 +432,11 @@ def vec_isa_first():
     this torch lays it out otherwise (then nothing changes).
 
     The check of an AVX2 or AVX-512 ISA is ``_vec_isa_light`` where it can be: Inductor's own
-    builds a test program against ATen's vector headers (2.0-2.3 s of g++, the longest part
-    of a compile worker's start on an empty cache) to learn two things, that the compiler
-    takes the ISA's flags and that libtorch exports the Sleef kernels of its width; here
-    a unit of intrinsics with those flags (0.1-0.2 s) and a look-up of the symbol. The
+    builds a test program against ATen's vector headers (seconds of g++, most of a compile
+    worker's start on an empty cache) to learn two things, that the compiler takes the
+    ISA's flags and that libtorch exports the Sleef kernels of its width; here a unit of
+    intrinsics built with those flags (a fraction of a second) and a look-up of the
+    symbol. The
     ISA's own further checks (VNNI's, AMX's: small builds) run as Inductor wrote them. Its
     compiles then say so (``vec_isa_patch``), so that Inductor does not build the test
     program anyway."""

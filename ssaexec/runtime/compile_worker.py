@@ -24,7 +24,7 @@ of the training process, and the compile runs here, in a process of its own:
 The training process starts the worker ahead of its first graph (``start``: at the model's
 import, ``runtime.tiered.prestart``, or at the step that submits the first compile): the
 worker's imports and its check of the CPU's vector ISA (``compat.vec_isa_first``: C++
-test programs; 4-5 s in all) run while the training process builds its program or traces,
+test programs; seconds in all) run while the training process builds its program or traces,
 not after. Nothing the worker does before its first graph depends on the training
 process's state at its start (the thread count and the cache directory come with each
 graph).

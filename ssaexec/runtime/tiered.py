@@ -54,7 +54,7 @@ process's background Python costs the steps little.
 1. The worker starts early: at the import of a model for training (``from_torch`` calls
    ``prestart`` where "auto" will want it), else at the step that submits the first cold
    compile (``CompileWorker.start``). Its imports and its check of the CPU's vector ISA
-   (``compat.vec_isa_first``: 4-5 s in all on the CPU build machine) then run beside the
+   (``compat.vec_isa_first``: seconds in all on the CPU build machine) then run beside the
    import (2.8 s for the transformer preset) or the first steps, not after the trace.
 2. This process's background thread imports the tracer (``compat.preload_tracer``) and
    traces, paced (``runtime.pacing``: at most ``PACE`` of the time, so it never stalls the
@@ -192,7 +192,7 @@ WARM_WAIT_S = 30.0  # the longest a step boundary waits for graphs expected in t
 SWITCH_S = 1e-4  # the interpreter's switch interval while the background thread runs Python
 # the share of the time a cold compile's trace takes in the background thread
 # (runtime.pacing): the transformer preset's 0.3 s trace stretched over about 1.2 s, while
-# the worker starts (4-5 s); unpaced, it made the first few hundred steps 3x slower
+# the worker starts (seconds); unpaced, it made the first few hundred steps 3x slower
 PACE = 0.25
 _SAID = set()  # straight_reason lines said in this process (once each)
 # a cold compile starts only while the steps leave this much of a core free: a compile
@@ -317,9 +317,9 @@ _WORKER_KIND = os.environ.get("SSAEXEC_COMPILE_WORKER", "process")
 def prestart(local_processes=1):
     """Start the compile worker now if ``compiler="auto"`` will want it, ahead of the first
     step; True if it runs. Called at the import of a model for training (``from_torch``):
-    the worker's imports and its check of the vector ISA (4-5 s of a free core) then run
+    the worker's imports and its check of the vector ISA (seconds of a free core) then run
     beside the import (2.8 s for the transformer preset), and the first cold compile
-    begins at once instead of 4-5 s into the steps.
+    begins at once instead of seconds into the steps.
 
     Where: the default compiler is "auto" (``default_compiler``: ``SSAEXEC_COMPILER`` may
     say otherwise), the compile runs in a worker process, a C++ compiler is present, and
