@@ -113,6 +113,17 @@ class ThreadingProbes:
         probe.before(runner)
         return probe
 
+    def settled(self, runner, num_threads):
+        """Whether ``runner`` runs the way it keeps on its current tier: it is not probed
+        (as ``before``), or its probe of ``REPROBE_FIRST`` steps after the tier's first
+        probe (whose steps were warm-up) is done. Benchmarks time the steady state from
+        then on (``harness.runners``)."""
+        if num_threads is not None or not self._probing:
+            return True
+        probe = self._probes.get(id(runner))
+        return probe is not None and probe.epoch == _epoch(runner) and probe.done and \
+            probe.previous is not None
+
     def choice(self, runner):
         """The ``PlacesChoice`` made for ``runner``, or None (not probed, or not yet on
         this tier); while a stale probe runs again, the one it made before."""

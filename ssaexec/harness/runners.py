@@ -38,8 +38,9 @@ import resource
 import sys
 import time
 
+from ..runtime.places_rule import PROBE, REPROBE_FIRST
 from ..runtime.tiered import DEFER_SAY
-from .time_to_steps import SETTLE_S, tier_report
+from .time_to_steps import SETTLE_S, places_settled, tier_report
 
 from .workloads import (
     IMPORTED, build_program, from_torch_program, initial_twin, load_twins, place_samples,
@@ -192,9 +193,12 @@ class ParallelTrainer(Trainer):
 
     def warm_up(self, n, on_step):
         """``n`` untimed steps, then more (not counted by ``on_step``) until a tiered
-        runner has switched to its compiled segments, at most ``settle_s`` seconds (the
-        settings', default ``SETTLE_S``): the timed windows measure the steady state.
-        ``tiers`` then says how (``tier_report``)."""
+        runner has switched to its compiled segments, and its places run the way the
+        places rule keeps on that tier (``places_settled``: the probe after the switch runs
+        on the compiled tier's first steps, warm-up, and the one ``REPROBE_FIRST`` steps
+        later decides), at most ``settle_s`` seconds (the settings', default ``SETTLE_S``):
+        the timed windows measure the steady state. ``tiers`` then says how
+        (``tier_report``)."""
         losses = super().warm_up(n, on_step)
         if not losses:
             self.counted_step()  # the runner exists from the first step on
@@ -206,6 +210,11 @@ class ParallelTrainer(Trainer):
                 tiers["deferred"] < DEFER_SAY and time.perf_counter() - start < settle_s:
             self.counted_step()
             tiers = tier_report(self.pe)
+        if tiers is not None:  # a tiered runner: its places' way on the tier it runs
+            for _ in range(REPROBE_FIRST + 2 * len(PROBE) + 2):
+                if places_settled(self.pe) or time.perf_counter() - start >= settle_s:
+                    break
+                self.counted_step()
         self.tiers = tiers
         if tiers is not None:  # the compile ran in the background: no step waited for it
             self.compile_s, self.compile_blocks = tiers.get("compile_s"), False

@@ -26,13 +26,23 @@ and after. None where no runner is tiered (``compiler=None`` or ``"inductor"``, 
 
 import statistics
 
-__all__ = ["TIME_TO", "SETTLE_S", "tier_report", "to_step", "steady_step_s", "time_to"]
+__all__ = ["TIME_TO", "SETTLE_S", "places_settled", "tier_report", "to_step", "steady_step_s", "time_to"]
 
 # the N of the ``to N`` columns of ``ssaexec bench``
 TIME_TO = (1, 100, 1000)
 # the longest a worker of the tiered default steps on, waiting for its switch, before its
 # timed windows (the windows then time the straight-line steps, and it says so)
 SETTLE_S = 300.0
+
+
+def places_settled(pe):
+    """Whether every runner of ``pe`` runs its places the way the places rule keeps
+    (``ThreadingProbes.settled``: after the probe that follows a tier's warm-up probe)."""
+    runners = getattr(getattr(pe, "_runners", None), "_runners", {})
+    probes = getattr(pe, "_probes", None)
+    if probes is None:
+        return True
+    return all(probes.settled(r, pe.exec_strategy.num_threads) for r in runners.values())
 
 
 def tier_report(pe, step_seconds=None):

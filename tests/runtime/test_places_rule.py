@@ -307,3 +307,27 @@ def test_the_probe_runs_again_after_reprobe_every_steps_on_the_kept_way():
     ways = _probe_steps(probes, runner, _times(threads=1.0, turns=3.0)[1:] + [1.0])
     assert ways == list(places_rule.PROBE[1:]) + ["threads"]
     assert probes.choice(runner).mode == "threads" and probes.choice(runner) is not first
+
+
+def test_a_runner_is_settled_after_the_probe_that_follows_its_tiers_warm_up_probe():
+    """``settled`` (what benchmarks wait for before they time): not after a tier's first
+    probe, whose steps warm up, but after the one ``REPROBE_FIRST`` steps later; again not
+    after a tier switch, until the new tier's second probe; always without a probe."""
+    probes = ThreadingProbes(se.cpu_places(2))
+    runner = _Runner()
+    assert not probes.settled(runner, None)  # no step yet
+    assert probes.settled(runner, 3)  # the user's thread count: never probed
+    assert ThreadingProbes(se.cpu_places(1)).settled(runner, None)  # nothing to overlap
+    _probe_steps(probes, runner, _times(threads=2.0, turns=1.0))
+    assert probes.choice(runner) is not None and not probes.settled(runner, None)
+    _probe_steps(probes, runner, [1.0] * places_rule.REPROBE_FIRST)
+    assert not probes.settled(runner, None)  # the second probe has not run
+    _probe_steps(probes, runner, _times(threads=2.0, turns=1.0))
+    assert probes.settled(runner, None)
+    runner.lowering.switches = [(5, 1.0)]  # compiler="auto" switched: the new tier's way
+    assert not probes.settled(runner, None)
+    _probe_steps(probes, runner, _times(threads=1.0, turns=3.0) +
+                 [1.0] * places_rule.REPROBE_FIRST)
+    assert not probes.settled(runner, None)
+    _probe_steps(probes, runner, _times(threads=1.0, turns=3.0))
+    assert probes.settled(runner, None) and probes.choice(runner).mode == "threads"
