@@ -436,10 +436,9 @@ def vec_isa_first():
     worker's start on an empty cache) to learn two things, that the compiler takes the
     ISA's flags and that libtorch exports the Sleef kernels of its width; here a unit of
     intrinsics built with those flags (a fraction of a second) and a look-up of the
-    symbol. The
-    ISA's own further checks (VNNI's, AMX's: small builds) run as Inductor wrote them. Its
-    compiles then say so (``vec_isa_patch``), so that Inductor does not build the test
-    program anyway."""
+    symbol. The ISA's own further checks (VNNI's, AMX's: small builds) run as Inductor
+    wrote them. Its compiles then say so (``vec_isa_patch``), so that Inductor does not
+    build the test program anyway."""
     mod = FEATURES["inductor.vec_isa"].lookup()
     names = ("supported_vec_isa_list", "valid_vec_isa_list", "x86_isa_checker", "pick_vec_isa")
     if mod is None or not all(hasattr(mod, n) for n in names) or \

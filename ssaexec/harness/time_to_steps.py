@@ -26,7 +26,8 @@ and after. None where no runner is tiered (``compiler=None`` or ``"inductor"``, 
 
 import statistics
 
-__all__ = ["TIME_TO", "SETTLE_S", "places_settled", "tier_report", "to_step", "steady_step_s", "time_to"]
+__all__ = ["TIME_TO", "SETTLE_S", "places_settled", "tier_report", "to_step", "steady_step_s",
+           "time_to"]
 
 # the N of the ``to N`` columns of ``ssaexec bench``
 TIME_TO = (1, 100, 1000)

@@ -544,8 +544,8 @@ def compile_graph(gm, example_inputs, split_build=False):
 
 def check_vec_isa(example_inputs):
     """Inductor's CPU vector ISA, checked (once a process) up to the one it picks and no
-    further (``compat.vec_isa_first``: 3 s less of a cold compile, and 2 s more where its
-    check is lighter; the same pick, so the same kernels), where ``example_inputs`` hold a
+    further (``compat.vec_isa_first``: 3 s less of a cold compile, and less again where
+    its check is lighter; the same pick, so the same kernels), where ``example_inputs`` hold a
     CPU tensor: a graph of CUDA tensors alone has no CPU kernels to pick it for. Returns
     the Inductor options the graph's compile takes for it (``compat.vec_isa_patch``): the
     same in every process that compiles or loads the graph, so one cache key."""
