@@ -19,6 +19,9 @@ Policy and invariants:
   so ``save`` is a collective too. Only files whose rename completed carry the name
   pattern, so a save killed half way is never loaded; its temporary file is removed by
   the next ``resume``.
+* **A save returns once its checkpoint is complete** (several processes: a barrier after
+  rank 0's rename and rotation). A rank past its ``save`` may run ahead, crash or be
+  stopped, and the restart still resumes from this checkpoint or a newer one.
 * **The folder is shared.** Every rank loads the checkpoint rank 0 chose (its name is
   broadcast), from the same folder: on several machines it must be shared storage. A rank
   that cannot read it raises ``DistributedError`` naming the file.
@@ -154,6 +157,8 @@ class Checkpoints:
             for old in self.steps()[:-self.keep]:
                 if _remove(self.path(old)):  # the entry first: then it is no checkpoint
                     stale_shards(self.path(old))
+        if world > 1:  # no rank runs ahead of a checkpoint still being written
+            distributed.barrier()
         self.last, self.last_step = path, int(step)
         return path
 

@@ -154,8 +154,11 @@ def test_killed_mid_step_and_mid_save_resumes_bit_for_bit(tmp_path):
     assert re.findall(r"resumed from \S+step-(\d+)\.safetensors", log) == ["00000004",
                                                                            "00000006"], log
     assert "removed .ckpt-" in log and "a save that did not finish" in log, log
-    # rank 1's death: torchrun stops rank 0 too (one machine), which says so in one line
-    assert re.search(r"ssaexec: rank 0 of 2 stopped at step 5: (torchrun stopped this "
+    # rank 1's death: torchrun stops rank 0 too (one machine), which says so in one line.
+    # Rank 1 reaches step 5 only after rank 0 has finished step 4's save (the save ends in a
+    # barrier), so checkpoint 4 exists whatever the timing; rank 0 is in step 5 then, or
+    # still on its way out of step 4 if torchrun's SIGTERM is quick (both lines are true)
+    assert re.search(r"ssaexec: rank 0 of 2 stopped at step [45]: (torchrun stopped this "
                      r"worker|rank\(s\) 1 lost).*last checkpoint \S+step-00000004", log), log
     got, ref = _params(tmp_path / "killed.st"), _params(tmp_path / "clean.st")
     assert got.keys() == ref.keys()
