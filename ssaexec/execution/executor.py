@@ -20,6 +20,7 @@ declarations before a step whenever the scope changed since this program's last 
 import weakref
 
 from ..core.errors import SSAExecError
+from ..core.host_allocator import keep_freed_memory
 from ..data.feed import bind_feeds, check_feed, forget_feeds, missing_data_error
 from ..program.desc import Program
 from ..graph.build import build_ssa_graph
@@ -117,6 +118,8 @@ class Executor:
     def __init__(self, place=None, compiled=True):
         self.place = place or CPUPlace(0)
         self.compiled = bool(compiled)
+        if not self.place.is_cuda:
+            keep_freed_memory()  # steps reuse what they free (core.host_allocator)
         self._plans = {}  # id(program) -> (weakref, version, fetch, plan)
 
     def _plan(self, program, fetch):

@@ -69,6 +69,7 @@ import torch
 from ..dist import world as _distributed
 from ..core.dtypes import torch_dtype
 from ..core.errors import SSAExecError
+from ..core.host_allocator import keep_freed_memory
 from . import cuda_graphs, learning_rate, shared_vars
 from .fetch_merge import merge_fetched
 from .initial_state import broadcast_persistables, init_added_state, shard_persistables
@@ -176,6 +177,8 @@ class ParallelExecutor:
         self._observing = False  # observe(): steps run the readable path (see observe)
         self._threads = TorchThreads()
         self._threads.apply(self.places, self.exec_strategy.torch_threads, local)
+        if any(not p.is_cuda for p in self.places):
+            keep_freed_memory()  # steps reuse what they free (core.host_allocator)
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler, self._runners)
         try:
             if share_vars_from is not None:

@@ -295,7 +295,8 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
                        steps_run_s=ready.get("steps_run_s"),
                        warmup_losses=ready["warmup_losses"],
                        baseline_rss_mb=ready["baseline_rss_mb"],
-                       torch_threads=ready["torch_threads"])
+                       torch_threads=ready["torch_threads"],
+                       host_allocator=ready.get("host_allocator"))
         return w
 
     def window(i):

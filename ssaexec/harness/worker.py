@@ -40,6 +40,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..core import host_allocator
 from ..core.place import available_cores
 from .ddp import DDPGroup
 from .workloads import repo_root
@@ -151,12 +152,15 @@ def _take_stdout(speaks=True):
 
 def _ready_message(t0, peer, **more):
     """The ``ready`` message: set-up seconds, the compile (its seconds, whether steps
-    waited for it, what a tiered runner did) and the time to each step run so far."""
+    waited for it, what a tiered runner did), the time to each step run so far, and what
+    ``core.host_allocator`` did in this process (None: no executor asked, as in the
+    peers' processes)."""
     ends = getattr(getattr(peer, "rank0", peer), "ends", [])
     return dict(event="ready", setup_s=time.perf_counter() - t0,
                 compile_s=getattr(peer, "compile_s", None),
                 compile_blocks=getattr(peer, "compile_blocks", True),
-                tiers=getattr(peer, "tiers", None), **to_step(ends, t0), **more)
+                tiers=getattr(peer, "tiers", None), host_allocator=host_allocator.state(),
+                **to_step(ends, t0), **more)
 
 
 def _window_message(seconds, step_seconds, losses, cpu_seconds):
