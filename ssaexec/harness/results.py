@@ -270,21 +270,6 @@ def headline(runs):
     return "headline: ssaexec (default) is " + "; ".join(parts)
 
 
-def allocator_line(runs):
-    """One line when ssaexec's processes kept freed memory (``core.host_allocator``) and
-    the peers' processes ran the C library's defaults, else ''."""
-    kept = [r for r in runs if (r.get("host_allocator") or {}).get("kept")]
-    peers = [r for r in runs if r["error"] is None and r["mode"].startswith("torch")
-             and r.get("device") != "cuda" and r.get("host_allocator") is None]
-    if not kept or not peers:
-        return ""
-    return ("memory: ssaexec's processes keep the memory a step frees for the next "
-            "(core.host_allocator); the torch peers' processes run glibc's defaults. "
-            f"MALLOC_MMAP_THRESHOLD_={kept[0]['host_allocator']['mmap_threshold']} "
-            f"MALLOC_TRIM_THRESHOLD_={kept[0]['host_allocator']['trim_threshold']} in the "
-            "environment gives every process the same")
-
-
 def plot(result, path):
     """A PNG of images/sec against places, one line a mode (needs matplotlib)."""
     import matplotlib
@@ -372,9 +357,6 @@ def report(result, json_path, plot_path):
                   f"{r.get('steps_run', 0)} steps ({r.get('steps_run_s') or 0:.0f} s; "
                   "--settle-s waits longer): images/sec and the estimates are the "
                   "straight-line steps'")
-    line = allocator_line(runs)
-    if line:
-        print(line)
     not_trained = [f"{r['mode']}@{r['places']}" for r in runs
                    if r["error"] is None and not r["trained"]]
     if not_trained:

@@ -38,6 +38,7 @@ import resource
 import sys
 import time
 
+from ..core.host_allocator import keep_freed_memory
 from ..runtime.places_rule import PROBE, REPROBE_FIRST
 from ..runtime.tiered import DEFER_SAY
 from .time_to_steps import SETTLE_S, places_settled, tier_report
@@ -274,6 +275,10 @@ class EagerTrainer(Trainer):
         s = cfg["settings"]
         self.device = cfg["device"]
         self.dev = torch.device("cuda", rank) if self.device == "cuda" else torch.device("cpu")
+        if self.device == "cpu":
+            # the peers' processes get the allocator setting ssaexec's get, so that the
+            # comparison is of the training loops, not of malloc's (core.host_allocator)
+            keep_freed_memory()
         model = initial_twin(s)
         model.to(self.dev).train()
         self.model = self.wrap(model)

@@ -153,8 +153,8 @@ def _take_stdout(speaks=True):
 def _ready_message(t0, peer, **more):
     """The ``ready`` message: set-up seconds, the compile (its seconds, whether steps
     waited for it, what a tiered runner did), the time to each step run so far, and what
-    ``core.host_allocator`` did in this process (None: no executor asked, as in the
-    peers' processes)."""
+    ``core.host_allocator`` did in this process (every CPU mode's process asks, the
+    peers' too)."""
     ends = getattr(getattr(peer, "rank0", peer), "ends", [])
     return dict(event="ready", setup_s=time.perf_counter() - t0,
                 compile_s=getattr(peer, "compile_s", None),
