@@ -26,6 +26,8 @@ Two parts, each paired (the ways alternate window by window, in one run):
    against DDP with 2 processes, and ssaexec's own 2 processes.
 
 The acceptance of issue 50: ``2 places / 1 place >= 1.0`` and ``2 places / DDP 2 >= 1.0``.
+Each line also gives the process's page faults a step for each way, and whether malloc
+kept freed memory (``core.host_allocator``; ``SSAEXEC_HOST_ALLOCATOR=system`` to compare).
 Use a quiet machine: on a loaded one, torch's intra-op threads spin against other
 processes and every figure with more than one thread collapses.
 """
@@ -33,6 +35,7 @@ processes and every figure with more than one thread collapses.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,6 +104,7 @@ def _keep(trainer, way):
 def ways(model, compiler, rounds):
     """Part 1: the ways of two places against one place, paired in this process."""
     import torch
+    from ssaexec.core import host_allocator
     from ssaexec.core.place import available_cores
     from ssaexec.harness import runners
     from ssaexec.runtime import places_rule
@@ -125,20 +129,26 @@ def ways(model, compiler, rounds):
         if way in ("2 threads", "2 turns"):
             _keep(t, way.split()[1])
     ips = {w: [] for w in WAYS}
+    faults = {w: [] for w in WAYS}  # page faults of the process a step (core.host_allocator)
     for r in range(rounds):
         order = WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]
         for way in order:
             t = trainers[way]
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             for _ in range(s["steps"]):
                 t.step()
             ips[way].append(spec[way][0] * s["batch_per_place"] * s["steps"]
                             / (time.perf_counter() - t0))
+            faults[way].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+                               / s["steps"])
     pe = trainers["2 places"].pe
     choice = pe._probes.choice(pe._runner((trainers["2 places"].loss,)))
     out = {"model": model, "compiler": compiler, "torch_threads": threads,
            "images_per_sec": ips,
            "median": {w: statistics.median(v) for w, v in ips.items()},
+           "faults_per_step": {w: statistics.median(v) for w, v in faults.items()},
+           "host_allocator": host_allocator.state(),
            "choice": None if choice is None else {"mode": choice.mode,
                                                   "reason": choice.reason}}
     one = out["median"]["1 place"]
@@ -178,6 +188,12 @@ def harness(model):
             "machine": data.get("machine")}
 
 
+def _allocator(state):
+    if not state:
+        return "not set"
+    return "keeps freed memory" if state["kept"] else state["reason"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -207,6 +223,9 @@ def main(argv=None):
             print(f"{model} compiler={compiler} torch_threads={r['torch_threads']}: "
                   + ", ".join(f"{w} {r['median'][w]:.1f} img/s "
                               f"({r['paired_vs_1_place'][w]:.2f}x)" for w in WAYS), flush=True)
+            print("  page faults a step: " + ", ".join(
+                f"{w} {r['faults_per_step'][w]:.0f}" for w in WAYS)
+                + f" (malloc: {_allocator(r['host_allocator'])})", flush=True)
             if r["choice"]:
                 print(f"  the rule kept {r['choice']['mode']}: {r['choice']['reason']}",
                       flush=True)

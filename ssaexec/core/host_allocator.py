@@ -6,9 +6,9 @@ first, raised as blocks are freed) is unmapped on ``free``, and the top of a thr
 is given back once it exceeds the trim threshold. A training step frees its activations
 and gradients and allocates the same sizes again in the next step, so each step touched
 freshly mapped pages again: the kernel zeroed every page on first touch. On the quick
-ResNet-18 (2 CPU places on threads, 2 cores) that was 4,000-15,000 page faults a step and
-a fifth of the process's CPU time in the kernel (``bench/places_scaling.py`` has the
-figures before and after). A GPU caching allocator keeps freed blocks for the same reason.
+ResNet-18's 2 CPU places (the straight-line tier, 2 cores) that was about 16,000 page
+faults a step and 0.71x the images/sec (``bench/places_scaling.py``, docs/benchmarks.md).
+A GPU caching allocator keeps freed blocks for the same reason.
 
 Policy. The first executor with a CPU place (``ParallelExecutor``, ``Executor``) calls
 ``keep_freed_memory`` once per process, which sets glibc's ``M_MMAP_THRESHOLD`` to its
