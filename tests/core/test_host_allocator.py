@@ -38,14 +38,14 @@ _STEPS = textwrap.dedent("""
     from ssaexec.harness import add_arguments
     from ssaexec.harness.cli import settings
     from ssaexec.harness.runners import ParallelTrainer
-    s = settings(add_arguments(argparse.ArgumentParser()).parse_args(["--quick", "-b", "4"]))
+    s = settings(add_arguments(argparse.ArgumentParser()).parse_args(["--quick"]))
     t = ParallelTrainer({"mode": "ssaexec-none", "places": 2, "device": "cpu", "settings": s})
-    for _ in range(8):
+    for _ in range(12):  # past the places rule's probe (threads and turns in turn)
         t.step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(8):
+    for _ in range(10):
         t.step()
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
     t.close()
     print(json.dumps({"faults": faults, "state": host_allocator.state()}))
 """)
@@ -65,9 +65,11 @@ def _faults_a_step(choice):
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_steps_of_two_cpu_places_no_longer_fault_their_memory_in_again():
     """The quick ResNet-18 on 2 CPU places: glibc's defaults gave freed blocks back and
-    the next step faulted them in again (about a thousand page faults a step here); an
-    executor keeps them (a few a step)."""
+    the next step faulted them in again (4,500-16,000 page faults a step here, on torch
+    2.11 and 2.13); an executor keeps them (0-160 a step). How many depends on the torch
+    build and on how the places' threads interleave (with batches of 4 instead of 16,
+    one loaded run counted only 280 against 38), hence the margin of 5x."""
     kept, system = _faults_a_step("keep"), _faults_a_step("system")
     assert kept["state"]["kept"] is True, kept
     assert system["state"] == {"kept": False, "reason": f"{H.ENV}=system"}, system
-    assert kept["faults"] * 10 < system["faults"], (kept, system)
+    assert kept["faults"] * 5 < system["faults"], (kept, system)
