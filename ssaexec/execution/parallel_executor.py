@@ -175,10 +175,12 @@ class ParallelExecutor:
         self._probes = ThreadingProbes(self.places)  # threads or turns (places_rule)
         self._entry = EntryCheck()  # what steps read from the places' scopes (boundary)
         self._observing = False  # observe(): steps run the readable path (see observe)
+        if any(not p.is_cuda for p in self.places):
+            # steps reuse what they free (core.host_allocator); before anything process-wide
+            # is changed, since a bad SSAEXEC_HOST_ALLOCATOR raises here
+            keep_freed_memory()
         self._threads = TorchThreads()
         self._threads.apply(self.places, self.exec_strategy.torch_threads, local)
-        if any(not p.is_cuda for p in self.places):
-            keep_freed_memory()  # steps reuse what they free (core.host_allocator)
         self._finalizer = weakref.finalize(self, _shutdown, self._scheduler, self._runners)
         try:
             if share_vars_from is not None:

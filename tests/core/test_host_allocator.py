@@ -73,3 +73,18 @@ def test_steps_of_two_cpu_places_no_longer_fault_their_memory_in_again():
     assert kept["state"]["kept"] is True, kept
     assert system["state"] == {"kept": False, "reason": f"{H.ENV}=system"}, system
     assert kept["faults"] * 5 < system["faults"], (kept, system)
+
+
+def test_a_bad_setting_stops_an_executor_before_it_changes_anything(monkeypatch):
+    import torch
+
+    import ssaexec as se
+    from ssaexec.program.example_models import build_mlp
+    monkeypatch.setattr(H, "_state", None)
+    monkeypatch.setenv(H.ENV, "fast")
+    main, startup, loss = build_mlp()
+    threads = torch.get_num_threads()
+    with pytest.raises(SSAExecError, match="SSAEXEC_HOST_ALLOCATOR='fast'"):
+        se.ParallelExecutor(se.cpu_places(2), main, startup, loss)
+    assert torch.get_num_threads() == threads
+    assert H.state() is None
