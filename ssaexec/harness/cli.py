@@ -288,7 +288,11 @@ def _measure(configs, runs, repeats, interleave, log_dir, bar):
         except WorkerError as e:
             fail(i, w, e)
             return None
-        runs[i].update(setup_s=ready["setup_s"], compile_s=ready.get("compile_s"),
+        # begin_to_ready_s: the harness's own span around the worker's setup_s (which
+        # counts from the config it received, so it can never be the longer)
+        runs[i].update(setup_s=ready["setup_s"],
+                       begin_to_ready_s=time.perf_counter() - w.begun,
+                       compile_s=ready.get("compile_s"),
                        compile_blocks=ready.get("compile_blocks", True),
                        tiers=ready.get("tiers"), to_step=ready.get("to_step", {}),
                        steps_run=ready.get("steps_run", 0),

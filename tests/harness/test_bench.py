@@ -142,6 +142,10 @@ def test_harness_runs_every_mode(tmp_path, capsys):
             assert len(w["step_seconds"]) == len(w["losses"]) == s["steps"]
         assert len(r["images_per_sec"]) == s["repeats"]
         assert r["images_per_sec_median"] > 0
+        # the worker's set-up (and its time to step N) counts from the config it got: inside
+        # the harness's span from sending it to the ready message, never the wait before it
+        # (torchrun's ranks had counted the builds of the modes before theirs)
+        assert 0 < r["setup_s"] <= r["begin_to_ready_s"], (mode, r["setup_s"])
         assert r["peak_rss_mb"] > 0 and len(r["peak_rss_mb_per_process"]) == \
             (places if mode in ("torch-ddp", "ssaexec-nproc") else 1)
         losses = r["losses"]
