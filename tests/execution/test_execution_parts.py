@@ -194,6 +194,22 @@ def test_fetched_values_merge_by_their_declared_shape():
     assert merge_fetched(batch, [b]) is b
 
 
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_a_fetched_scalar_is_the_mean_of_the_places_bit_for_bit(shape):
+    # the torch oracle: the mean of the places' values stacked, for 2 to 8 places
+    g = torch.Generator().manual_seed(0)
+    for n in range(2, 9):
+        values = [torch.randn(shape, generator=g) * 1e3 for _ in range(n)]
+        got = merge_fetched(None, values)
+        assert got.shape == values[0].shape
+        assert torch.equal(got.reshape(()), torch.stack([v.reshape(()) for v in values]).mean())
+    ints = merge_fetched(None, [torch.tensor(4, dtype=torch.int64)] * 3)
+    assert ints.tolist() == [4, 4, 4]
+    # places whose scalars differ in shape ([] and [1]): still averaged, in the first's shape
+    mixed = merge_fetched(None, [torch.tensor(1.0), torch.tensor([2.0])])
+    assert mixed.shape == () and float(mixed) == 1.5
+
+
 # --- torch threads ----------------------------------------------------------------------
 def test_torch_threads_divide_the_cores_and_are_restored_once():
     from ssaexec.core.place import available_cores
