@@ -28,8 +28,8 @@ def merge_fetched(var, values):
         first = values[0].shape
         if all(v.shape == first for v in values):
             # the usual case (every place's loss of one shape): one stack and one mean over
-            # the places, two calls where a reshape per place took six (26 against 12-17 us
-            # on the Xeon, once a step); the same sum of the same values, bit for bit
+            # the places, two calls where a reshape per place took 2 + places (a step's
+            # host time at several places); the same sum of the same values, bit for bit
             stacked = torch.stack(values)
             return stacked.mean(0) if stacked.is_floating_point() else stacked.reshape(-1)
         stacked = torch.stack([v.reshape(()) for v in values])
