@@ -27,9 +27,9 @@ def merge_fetched(var, values):
     if values[0].numel() == 1 and (shape is None or len(shape) <= 1):
         first = values[0].shape
         if all(v.shape == first for v in values):
-            # the usual case (every place's loss of one shape): one stack and one mean over
-            # the places, two calls where a reshape per place took 2 + places (a step's
-            # host time at several places); the same sum of the same values, bit for bit
+            # the usual case (every place's loss of one shape): one stack and one mean
+            # over the places, two calls where reshaping each place's value took places + 3
+            # (host time of every step at several places); the same sums, bit for bit
             stacked = torch.stack(values)
             return stacked.mean(0) if stacked.is_floating_point() else stacked.reshape(-1)
         stacked = torch.stack([v.reshape(()) for v in values])
