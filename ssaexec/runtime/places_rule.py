@@ -51,7 +51,11 @@ places against 0.66-0.67 on threads and 0.66-0.68 in one thread, one place 0.31-
 overlap 1.66x, the rest of a step is Python under the one lock). Processes do not
 there: the transformer preset's 2 gloo processes (``ssaexec bench --modes
 ssaexec-inductor-nproc``) delivered 0.47x one place in one process, their all-reduce
-costing more than the step. The probe also takes the process's CPU time of the threads
+costing more than the step. Before a compile they do: on the Xeon build machine, whose
+straight-line steps are about 3x the EPYC's, the preset's 2 processes under
+``compiler=None`` delivered 1.07-1.23x one place in one process, where 2 places in one
+process delivered 0.81-0.90x (docs/benchmarks.md, issue 50's sixth session); the executor
+does not start processes itself. The probe also takes the process's CPU time of the threads
 steps: when the pool lost and kept fewer than ``LOCK_BOUND_CORES`` cores busy, the lock is
 the limit (``host_bound``): one process per place, the torchrun path (``se.distributed``,
 ``ssaexec bench --modes ssaexec-nproc``), overlaps the host work, and pays where the step
